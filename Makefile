@@ -1,0 +1,49 @@
+# Two commands for a participant: `make demo` and `make test`.
+# Everything else here is what those two need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU/CUDA wheel from PyPI; a site can point this at its own build or index.
+TORCH_SPEC ?= torch==2.13.0
+DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
+DEMO_OUT ?= runs/demo
+
+.PHONY: demo test venv data clean help
+
+help:
+	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
+	@echo "make test   run the whole test suite"
+	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
+
+venv: $(VENV)/.installed
+
+# Reuse an importable torch (e.g. `module load pytorch` on a cluster, a ROCm or
+# CUDA build) through --system-site-packages; otherwise install $(TORCH_SPEC).
+$(VENV)/.installed: requirements.txt
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	    echo "Found torch in $(PYTHON): creating $(VENV) with --system-site-packages to reuse it"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi
+	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	@$(PY) -c "import torch; print('torch', torch.__version__, '| GPU:', torch.cuda.is_available())"
+	@touch $@
+
+data: venv
+	$(PY) -m wellfno.grayscott --data-dir $(DATA_DIR) --size demo
+
+demo: venv
+	$(PY) fno.py --data-dir $(DATA_DIR) --out $(DEMO_OUT)
+
+test: venv
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf runs .pytest_cache

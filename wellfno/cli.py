@@ -1,0 +1,69 @@
+"""Small helpers every script of the course uses: one-line user errors and atomic writes.
+
+A participant who mistypes a path should read one line that says what to do,
+not a 40-line traceback. Files other steps depend on (metrics, checkpoints,
+statistics) are written to a temporary file and renamed, so a job killed at its
+time limit never leaves half a file behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+class UserError(Exception):
+    """A problem the user can fix; its message says how."""
+
+
+def run_main(main: Callable[[], Any]) -> None:
+    """Run `main`; turn a UserError (or Ctrl-C) into one line on stderr and a non-zero exit."""
+    try:
+        rc = main()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc or 0)
+
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return _atomic_write(path, lambda f: f.write(text), "w")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    return _atomic_write(path, lambda f: f.write(data), "wb")
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
+    import torch
+
+    return _atomic_write(path, lambda f: torch.save(obj, f), "wb")
