@@ -1,0 +1,169 @@
+# What every job script shares. Sourced at the top of slurm/NN_*.sbatch:
+#     . "${WELLFNO_ROOT:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh"
+# Provides: site settings (slurm/site.env) with checks, the software environment,
+# RUN_DIR (one folder per job), SRUN_CPUS_PER_TASK / OMP_NUM_THREADS, DEVICE,
+# and `launch [srun options] -- command` / `launch_gpu ...` (plain run outside Slurm).
+# Bad settings end the job with one line `error: ...` and exit status 2.
+set -euo pipefail
+
+wf_die() { echo "error: $*" >&2; exit 2; }
+
+# --- site settings -------------------------------------------------------------
+_wf_here="${WELLFNO_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"
+[ -f "$_wf_here/slurm/site.env" ] || wf_die "no slurm/site.env under '$_wf_here'; submit from the repository root or export WELLFNO_ROOT"
+WELLFNO_ROOT="$(cd "$_wf_here" && pwd)"
+export WELLFNO_ROOT
+# shellcheck source=site.env
+. "$WELLFNO_ROOT/slurm/site.env"
+
+[ -n "${WELL_DATA:-}" ] || wf_die "WELL_DATA is empty; set it in slurm/site.env to the folder that holds datasets/"
+[ -n "${RUN_ROOT:-}" ]  || wf_die "RUN_ROOT is empty; set it in slurm/site.env to where job results go"
+[ -n "${DATASET:-}" ]   || wf_die "DATASET is empty; set it in slurm/site.env (e.g. gray_scott_embedded)"
+case "${GPU_VENDOR:-}" in none|nvidia|amd) ;;
+  *) wf_die "GPU_VENDOR='${GPU_VENDOR:-}' in slurm/site.env; use none, nvidia or amd";; esac
+case "${GPUS_PER_NODE:-}" in ''|*[!0-9]*) wf_die "GPUS_PER_NODE='${GPUS_PER_NODE:-}' in slurm/site.env is not a whole number";; esac
+if [ "$GPU_VENDOR" != none ] && [ "$GPUS_PER_NODE" -eq 0 ]; then
+  wf_die "GPU_VENDOR=$GPU_VENDOR but GPUS_PER_NODE=0 in slurm/site.env; set the number of GPUs per node"
+fi
+DATASET_DIR="$WELL_DATA/datasets/$DATASET"
+
+# --- software environment ------------------------------------------------------
+if [ -n "${SITE_SETUP:-}" ]; then eval "$SITE_SETUP" || wf_die "SITE_SETUP failed: $SITE_SETUP"; fi
+if [ -n "${SITE_MODULES:-}" ]; then
+  if ! type module >/dev/null 2>&1; then
+    for f in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do
+      [ -f "$f" ] && { set +u; . "$f"; set -u; break; }
+    done
+  fi
+  type module >/dev/null 2>&1 || wf_die "SITE_MODULES is set but this node has no 'module' command"
+  set +u; module load $SITE_MODULES || wf_die "module load $SITE_MODULES failed"; set -u
+fi
+if [ -n "${SITE_VENV:-}" ]; then
+  [ -f "$SITE_VENV/bin/activate" ] || wf_die "SITE_VENV=$SITE_VENV is not a virtual environment; run 'make venv' or set SITE_VENV= in slurm/site.env"
+  set +u; . "$SITE_VENV/bin/activate"; set -u
+fi
+PYTHON="${PYTHON:-python}"
+command -v "$PYTHON" >/dev/null 2>&1 || wf_die "'$PYTHON' not found after loading the environment; check SITE_MODULES/SITE_VENV in slurm/site.env"
+cd "$WELLFNO_ROOT"
+
+# --- CPUs and threads ----------------------------------------------------------
+# srun >= 22.05 no longer inherits --cpus-per-task from the allocation.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+  export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
+fi
+export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}"
+
+# --- GPUs ----------------------------------------------------------------------
+# One GPU per task, the one closest to the task's CPUs; slurm/gpu_select.sh then
+# narrows *_VISIBLE_DEVICES per task where the site hands every task all GPUs.
+GPU_SRUN_FLAGS=()
+GPU_WRAP=()
+DEVICE=cpu
+if [ "$GPU_VENDOR" != none ]; then
+  GPU_SRUN_FLAGS=(--gpus-per-task=1 --gpu-bind=closest)
+  GPU_WRAP=(bash "$WELLFNO_ROOT/slurm/gpu_select.sh")
+  DEVICE=cuda    # ROCm builds of torch report AMD GPUs as 'cuda' too
+fi
+
+# --- one run folder per job ----------------------------------------------------
+if [ -n "${SLURM_JOB_ID:-}" ]; then
+  RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID"
+else
+  RUN_DIR="$RUN_ROOT/${WF_STEP:-local}-$(date +%Y%m%d-%H%M%S)"
+fi
+mkdir -p "$RUN_DIR" || wf_die "cannot create run folder $RUN_DIR; check RUN_ROOT in slurm/site.env"
+export RUN_DIR DATASET_DIR DEVICE
+# Link the job's Slurm log into the run folder so everything is in one place.
+if [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null 2>&1; then
+  _wf_out="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n1)" || true
+  _wf_err="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdErr=//p' | head -n1)" || true
+  [ -n "${_wf_out:-}" ] && [ -e "$_wf_out" ] && ln -sfn "$_wf_out" "$RUN_DIR/slurm.out"
+  [ -n "${_wf_err:-}" ] && [ "$_wf_err" != "${_wf_out:-}" ] && [ -e "$_wf_err" ] && ln -sfn "$_wf_err" "$RUN_DIR/slurm.err"
+fi
+{
+  echo "job ${SLURM_JOB_NAME:-local} ${SLURM_JOB_ID:-} on $(hostname -s) at $(date -Is)"
+  echo "nodes=${SLURM_JOB_NUM_NODES:-1} ntasks=${SLURM_NTASKS:-1} cpus_per_task=${SLURM_CPUS_PER_TASK:-} gpu_vendor=$GPU_VENDOR device=$DEVICE"
+  echo "data=$DATASET_DIR run_dir=$RUN_DIR python=$(command -v "$PYTHON")"
+} | tee "$RUN_DIR/job.txt"
+
+# --- launching -----------------------------------------------------------------
+# launch [srun options...] -- command [args...]
+# Inside a Slurm job: srun with those options. Outside (a laptop): runs the command once.
+launch() {
+  local opts=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  [ "${1:-}" = "--" ] || wf_die "launch: missing '--' before the command"
+  shift
+  if [ -n "${SLURM_JOB_ID:-}" ] && command -v srun >/dev/null 2>&1; then
+    srun "${opts[@]}" "$@"
+  else
+    "$@"
+  fi
+}
+# launch_gpu: launch with one GPU per task on GPU sites, plain launch on CPU sites.
+launch_gpu() {
+  local opts=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  shift
+  launch "${GPU_SRUN_FLAGS[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "$@"
+}
+# launch_torchrun [srun options...] -- script.py [args...]
+# One torchrun per node (srun --ntasks-per-node=1), SLURM_NTASKS_PER_NODE workers
+# each, rendezvous at the job's first node. The workers get RANK/WORLD_SIZE/
+# LOCAL_RANK from torchrun; the SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID of the
+# single srun task are removed so a program that also reads those cannot mistake
+# every worker for rank 0 of 1.
+launch_torchrun() {
+  local opts=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  shift
+  local nnodes="${SLURM_JOB_NUM_NODES:-1}"
+  local nproc="${SLURM_NTASKS_PER_NODE:-}"
+  nproc="${nproc%%(*}"                                   # "2(x2)" -> "2"
+  [ -n "$nproc" ] || nproc=$(( ${SLURM_NTASKS:-1} / nnodes ))
+  local cpt=$(( ${SLURM_CPUS_PER_TASK:-1} * nproc ))
+  local master port
+  if [ -n "${SLURM_JOB_NODELIST:-}" ]; then
+    master="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+  else
+    master=localhost
+  fi
+  port=$(( 20000 + ${SLURM_JOB_ID:-$$} % 20000 ))
+  echo "torchrun: nnodes=$nnodes nproc_per_node=$nproc rendezvous=$master:$port" >&2
+  launch --ntasks="$nnodes" --ntasks-per-node=1 --cpus-per-task="$cpt" "${opts[@]}" -- \
+    env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u SLURM_NPROCS \
+    OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}" \
+    "$PYTHON" -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node="$nproc" \
+      --rdzv-backend=c10d --rdzv-endpoint="$master:$port" --rdzv-id="${SLURM_JOB_ID:-local}" \
+      "$@"
+}
+
+# requeue_on_time_limit: with `#SBATCH --signal=B:USR1@<seconds>` and
+# `#SBATCH --requeue`, requeue this job when Slurm signals the coming time limit;
+# the requeued job keeps its id, so it finds RUN_DIR and its checkpoint again.
+# Run the program with `run_requeueable command...` so the batch shell can act.
+requeue_on_time_limit() {
+  trap '_wf_requeue' USR1
+}
+_wf_requeue() {
+  echo "time limit near: requeueing job ${SLURM_JOB_ID:-?} to continue from $RUN_DIR" >&2
+  [ -n "${SLURM_JOB_ID:-}" ] && scontrol requeue "$SLURM_JOB_ID"
+}
+run_requeueable() {
+  "$@" &
+  local pid=$! rc=0
+  while :; do
+    wait "$pid" && rc=0 || rc=$?
+    kill -0 "$pid" 2>/dev/null || break     # wait was only interrupted by the signal
+  done
+  return "$rc"
+}
+
+# need_file PATH: stop with one line if a program of the course is not there (yet).
+need_file() {
+  [ -f "$WELLFNO_ROOT/$1" ] || wf_die "$1 not found in $WELLFNO_ROOT; update your checkout of the course"
+}
+# need_dataset: stop with one line if DATASET_DIR has no data.
+need_dataset() {
+  [ -d "$DATASET_DIR/data" ] || wf_die "no dataset at $DATASET_DIR; run slurm/00_baseline.sbatch first (it generates $DATASET) or set WELL_DATA/DATASET in slurm/site.env"
+}
