@@ -1,0 +1,178 @@
+"""Plan which CPUs each GPU / local rank gets.
+
+    python affinity/plan.py                                   # this machine, mode exclusive, table
+    python affinity/plan.py --sysfs ROOT --allowed-cpus LIST --mode MODE --format table|json|slurm|numactl
+    srun --cpu-bind=$(python affinity/plan.py --format slurm) ...
+
+Modes (the same names and rules as `torchrun --numa-binding`, torch/numa/binding.py):
+  exclusive     split the allowed physical cores of the GPU's NUMA node evenly among the GPUs
+                on that node, in GPU order (lower GPUs get the remainder), with their allowed
+                SMT siblings. No two ranks share a core.
+  node          all allowed CPUs of the GPU's NUMA node (ranks on the same node share them).
+  core-complex  one L3 group (core complex) of the GPU's NUMA node per GPU: groups with more
+                allowed CPUs first, then by lowest CPU; GPU k on a node gets group k mod #groups.
+Without GPUs (or with --no-gpus) ranks are spread over the NUMA nodes in blocks and get the
+same per-node rule, so `exclusive` gives disjoint core sets per local rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python affinity/plan.py`: make `affinity` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from affinity.discover import Gpu, Topology, discover, format_cpulist, parse_allowed_arg, parse_cpulist
+from wellfno.cli import UserError, run_main
+
+MODES = ("exclusive", "node", "core-complex")
+FORMATS = ("table", "json", "slurm", "numactl")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    rank: int              # local rank
+    gpu: Gpu | None        # its GPU, None on a CPU-only plan
+    numa: int              # the NUMA node it is placed on
+    cpus: frozenset[int]   # logical CPUs (SMT threads) it may run on
+
+
+def _slot_cpus(topo: Topology, numa: int, position: int, peers: int, mode: str) -> set[int]:
+    """CPUs for the `position`-th of `peers` ranks placed on NUMA node `numa`."""
+    allowed = topo.numa_cpus[numa] & topo.allowed
+    if not allowed:
+        raise UserError(f"no allowed CPU on NUMA node {numa}; allow some of its CPUs "
+                        f"({format_cpulist(topo.numa_cpus[numa])}) or leave its GPUs out with --gpus")
+    if mode == "node":
+        return allowed
+    if mode == "exclusive":
+        # Physical core = lowest logical CPU among its siblings, as torch does; sorted, then sliced.
+        cores: dict[int, set[int]] = {}
+        for cpu in allowed:
+            cores.setdefault(topo.core_of[cpu], set()).add(cpu)
+        ordered = [cores[k] for k in sorted(cores)]
+        per, extra = divmod(len(ordered), peers)
+        if per < 1:
+            raise UserError(f"NUMA node {numa} has {len(ordered)} allowed physical cores for {peers} "
+                            "ranks; use --mode node (shared cores) or allow more CPUs")
+        start = position * per + min(position, extra)
+        end = start + per + (1 if position < extra else 0)
+        return set().union(*ordered[start:end])
+    if mode == "core-complex":
+        groups: dict[int, set[int]] = {}
+        for cpu in allowed:
+            groups.setdefault(topo.l3_of[cpu], set()).add(cpu)
+        ordered = [cpus for _, cpus in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+        return ordered[position % len(ordered)]
+    raise UserError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+
+
+def make_plan(topo: Topology, mode: str = "exclusive", nranks: int | None = None,
+              gpus: list[int] | None = None, use_gpus: bool = True) -> list[Assignment]:
+    """One Assignment per local rank. With GPUs, local rank r drives the r-th selected GPU
+    (`gpus`: indices in PCI order, default all), like torchrun's local rank -> cuda:r."""
+    if mode not in MODES:
+        raise UserError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    selected = [g for g in topo.gpus if gpus is None or g.index in gpus] if use_gpus else []
+    if gpus is not None and use_gpus:
+        missing = sorted(set(gpus) - {g.index for g in topo.gpus})
+        if missing:
+            raise UserError(f"--gpus {missing} not found; this node has GPUs 0-{len(topo.gpus) - 1}"
+                            if topo.gpus else f"--gpus {missing} given but no GPU found under {topo.root}")
+    if selected:
+        nranks = len(selected) if nranks is None else nranks
+        if not 1 <= nranks <= len(selected):
+            raise UserError(f"--nranks {nranks} with {len(selected)} GPUs; one rank per GPU "
+                            "(use --no-gpus to plan CPU-only ranks)")
+        plan = []
+        for rank, gpu in enumerate(selected[:nranks]):
+            # Peers are all selected GPUs on this NUMA node, not only the first nranks: a rank's
+            # CPUs must not depend on how many ranks the other GPUs will get (torch counts all).
+            peers = [g for g in selected if g.numa == gpu.numa]
+            cpus = _slot_cpus(topo, gpu.numa, peers.index(gpu), len(peers), mode)
+            plan.append(Assignment(rank, gpu, gpu.numa, frozenset(cpus)))
+        return plan
+
+    nranks = 1 if nranks is None else nranks
+    nodes = [n for n in sorted(topo.numa_cpus) if topo.numa_cpus[n] & topo.allowed]
+    if nranks < 1:
+        raise UserError(f"--nranks must be at least 1, got {nranks}")
+    # Ranks go to NUMA nodes in blocks (lower nodes get the remainder), so rank r and r+1 share a
+    # node when they can: neighbours in a ring all-reduce then talk through the same memory.
+    per, extra = divmod(nranks, len(nodes))
+    plan = []
+    rank = 0
+    for k, node in enumerate(nodes):
+        count = per + (1 if k < extra else 0)
+        for position in range(count):
+            plan.append(Assignment(rank, None, node, frozenset(_slot_cpus(topo, node, position, count, mode))))
+            rank += 1
+    return plan
+
+
+def cpu_mask(cpus) -> str:
+    """{0,1,4,5} -> '0x33': the hex mask srun --cpu-bind=mask_cpu: takes."""
+    return hex(sum(1 << c for c in cpus))
+
+
+def render(plan: list[Assignment], fmt: str, command: str = "python fno.py") -> str:
+    if fmt == "slurm":
+        return "mask_cpu:" + ",".join(cpu_mask(a.cpus) for a in plan)
+    if fmt == "json":
+        return json.dumps([{"rank": a.rank,
+                            "gpu": a.gpu.index if a.gpu else None,
+                            "pci": a.gpu.pci if a.gpu else None,
+                            "numa": a.numa,
+                            "cpus": format_cpulist(a.cpus)} for a in plan], indent=2)
+    if fmt == "numactl":
+        # --preferred, not --membind: a rank that outgrows its node's memory should slow down,
+        # not be killed.
+        return "\n".join(f"LOCAL_RANK={a.rank} numactl --physcpubind={format_cpulist(a.cpus)} "
+                         f"--preferred={a.numa} {command}" for a in plan)
+    if fmt == "table":
+        lines = [f"{'rank':>4}  {'GPU':>3}  {'PCI':<12}  {'NUMA':>4}  {'CPUs':>4}  CPU list"]
+        for a in plan:
+            gpu = str(a.gpu.index) if a.gpu else "-"
+            pci = a.gpu.pci if a.gpu else "-"
+            lines.append(f"{a.rank:>4}  {gpu:>3}  {pci:<12}  {a.numa:>4}  {len(a.cpus):>4}  {format_cpulist(a.cpus)}")
+        return "\n".join(lines)
+    raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
+    ap.add_argument("--allowed-cpus", default=None, help="CPU list like 0-3,8 (default: this process's affinity)")
+    ap.add_argument("--mode", default="exclusive", help=f"one of {', '.join(MODES)} (default exclusive)")
+    ap.add_argument("--format", default="table", help=f"one of {', '.join(FORMATS)} (default table)")
+    ap.add_argument("--nranks", type=int, default=None,
+                    help="local ranks (default: one per GPU; 1 on a node without GPUs)")
+    ap.add_argument("--gpus", default=None, help="only these GPUs (indices in PCI order, e.g. 0-3)")
+    ap.add_argument("--no-gpus", action="store_true", help="plan CPU-only ranks even if GPUs exist")
+    ap.add_argument("--command", default="python fno.py", help="command for --format numactl")
+    args = ap.parse_args(argv)
+    # Check the cheap arguments before reading sysfs, so a typo is reported first.
+    if args.mode not in MODES:
+        raise UserError(f"unknown --mode {args.mode!r}; choose one of {', '.join(MODES)}")
+    if args.format not in FORMATS:
+        raise UserError(f"unknown --format {args.format!r}; choose one of {', '.join(FORMATS)}")
+    gpus = None
+    if args.gpus is not None:
+        try:
+            gpus = sorted(parse_cpulist(args.gpus))
+        except ValueError as err:
+            raise UserError(f"--gpus: {err}") from None
+    topo = discover(args.sysfs, parse_allowed_arg(args.allowed_cpus))
+    plan = make_plan(topo, args.mode, args.nranks, gpus, use_gpus=not args.no_gpus)
+    print(render(plan, args.format, args.command))
+    for w in topo.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
