@@ -1,0 +1,464 @@
+"""Exact dataset statistics of a Well dataset, streamed, in float64, mergeable across ranks.
+
+`stats.yaml` holds, per field (per component for vector and tensor fields), the
+population `mean`, `std` and `rms` over trajectories x time x space, and the
+same for one-step differences x[t+1] - x[t] within each trajectory
+(`mean_delta`, `std_delta`, `rms_delta`, time-varying fields only): the_well's
+definitions, read by its ZScoreNormalization and RMSNormalization. We add
+`loss_weight` (see `loss_weights`).
+
+How it is computed, and why:
+- The train split is cut into *work items* (file, trajectory, time chunk) whose
+  size depends only on the data and `chunk_bytes`, never on the number of
+  ranks. An item reads its frames plus the frame before (one frame of overlap),
+  so the delta (t-1 -> t) is counted by the item that holds t: exactly once,
+  also across chunk and rank boundaries. Memory stays bounded by one chunk.
+- Each item reduces to (count, mean, M2) per channel in float64 (two passes over
+  the in-memory chunk: mean, then squared deviations), never E[x^2] - E[x]^2,
+  which loses every digit of a field like 1e4 +- 1e-2.
+- Items are merged with Chan et al.'s pairwise formula along a fixed binary tree
+  over item indices (aligned power-of-two blocks). A rank that owns a contiguous
+  range of items reduces it to at most 2*64 aligned blocks - a fixed-size
+  tensor - and any process holding every rank's blocks rebuilds the same tree.
+  The result is therefore bitwise identical for any number of ranks and any
+  split, and equal to the serial result.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import numpy as np
+import yaml
+
+from wellfno.cli import UserError, atomic_write_text
+
+# Bytes of one field read at a time (per work item); bounds memory at a few times this.
+CHUNK_BYTES = 8 * 2**20
+# the_well's normalizers clip standard deviations at this value (their `min_denom`).
+MIN_STD = 1e-4
+# An aligned-block decomposition of any contiguous range of < 2**64 items has at most this many blocks.
+MAX_BLOCKS = 128
+STAT_KEYS = ("mean", "std", "rms")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    order: int  # 0 scalar (t0_fields), 1 vector (t1_fields), 2 tensor (t2_fields)
+    n_components: int  # n_spatial_dims ** order
+    time_varying: bool
+    sample_varying: bool
+
+    @property
+    def h5path(self) -> str:
+        return f"t{self.order}_fields/{self.name}"
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    file_index: int
+    trajectory: int
+    t_start: int  # values of frames [t_start, t_stop); deltas (t-1 -> t) for t in [max(t_start, 1), t_stop)
+    t_stop: int
+    n_bytes: int  # bytes this item reads, to balance ranks
+    with_constant_fields: bool  # time-constant fields are counted by the first item of each trajectory
+    with_shared_fields: bool  # fields without a trajectory axis are counted by the first item of each file
+
+
+@dataclass(frozen=True)
+class Plan:
+    files: tuple[Path, ...]
+    fields: tuple[FieldSpec, ...]
+    items: tuple[WorkItem, ...]
+    value_slices: dict  # field name -> slice of its value channels in a moments array
+    delta_slices: dict  # field name -> slice of its delta channels (time-varying fields only)
+    n_channels: int
+    n_spatial_dims: int
+
+
+# --------------------------------------------------------------------------- moments
+def empty_moments(n_channels: int) -> np.ndarray:
+    """(count, mean, M2) per channel, as rows of a (3, n_channels) float64 array."""
+    return np.zeros((3, n_channels), dtype=np.float64)
+
+
+def vector_moments(values: np.ndarray) -> tuple[float, float, float]:
+    """(count, mean, M2) of a 1-D float64 array: mean first, then squared deviations."""
+    n = values.size
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    mean = values.sum() / n  # numpy sums contiguous float64 pairwise: error ~ eps * log n
+    dev = values - mean
+    return float(n), float(mean), float(np.dot(dev, dev))
+
+
+def merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Chan et al.'s parallel merge of two (3, C) moment arrays; a channel with count 0 is neutral."""
+    na, ma, m2a = a
+    nb, mb, m2b = b
+    n = na + nb
+    safe_n = np.where(n > 0, n, 1.0)
+    delta = mb - ma
+    out = np.empty_like(a)
+    out[0] = n
+    out[1] = np.where(nb == 0, ma, np.where(na == 0, mb, ma + delta * (nb / safe_n)))
+    out[2] = np.where(nb == 0, m2a, np.where(na == 0, m2b, m2a + m2b + delta * delta * (na * nb / safe_n)))
+    return out
+
+
+# --------------------------------------------------------------------------- the fixed merge tree
+class PairwiseReducer:
+    """Streams item moments in index order; keeps only aligned power-of-two blocks (O(log n) memory).
+
+    A block (level, index) covers items [index * 2**level, (index + 1) * 2**level).
+    Two sibling blocks are merged as soon as both are complete, left one first.
+    """
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[int, int, np.ndarray]] = []
+
+    def push(self, item_index: int, moments: np.ndarray) -> None:
+        level, index, m = 0, item_index, moments
+        while index % 2 == 1 and self.blocks and self.blocks[-1][:2] == (level, index - 1):
+            _, _, left = self.blocks.pop()
+            level, index, m = level + 1, index // 2, merge(left, m)
+        self.blocks.append((level, index, m))
+
+    def as_dict(self) -> dict[tuple[int, int], np.ndarray]:
+        return {(level, index): m for level, index, m in self.blocks}
+
+
+def top_blocks(n_items: int) -> list[tuple[int, int]]:
+    """The aligned blocks that tile [0, n_items), largest first (the binary digits of n_items)."""
+    out, start = [], 0
+    for level in range(63, -1, -1):
+        if n_items >> level & 1:
+            out.append((level, start >> level))
+            start += 1 << level
+    return out
+
+
+def combine_blocks(blocks: dict[tuple[int, int], np.ndarray], n_items: int, n_channels: int) -> np.ndarray:
+    """Rebuild the canonical tree over [0, n_items) from disjoint aligned blocks that cover it."""
+
+    def node(level: int, index: int) -> np.ndarray:
+        if (level, index) in blocks:
+            return blocks[(level, index)]
+        if level == 0:
+            raise ValueError(f"item {index} is covered by no block: some rank's share is missing")
+        return merge(node(level - 1, 2 * index), node(level - 1, 2 * index + 1))
+
+    total = empty_moments(n_channels)
+    for level, index in top_blocks(n_items):
+        total = merge(total, node(level, index))
+    return total
+
+
+def pack_blocks(blocks: dict[tuple[int, int], np.ndarray], n_channels: int) -> np.ndarray:
+    """Blocks -> fixed-size float64 array (MAX_BLOCKS, 3 + 3C): valid, level, index, moments."""
+    if len(blocks) > MAX_BLOCKS:
+        raise ValueError(f"{len(blocks)} blocks > {MAX_BLOCKS}")
+    packed = np.zeros((MAX_BLOCKS, 3 + 3 * n_channels), dtype=np.float64)
+    for row, ((level, index), m) in enumerate(sorted(blocks.items(), key=lambda kv: kv[0][1] << kv[0][0])):
+        packed[row, :3] = (1.0, level, index)  # integers < 2**53 are exact in float64
+        packed[row, 3:] = m.reshape(-1)
+    return packed
+
+
+def unpack_blocks(packed: np.ndarray, n_channels: int) -> dict[tuple[int, int], np.ndarray]:
+    """Inverse of pack_blocks for one or many ranks' arrays stacked along the first axis."""
+    rows = packed.reshape(-1, 3 + 3 * n_channels)
+    return {(int(r[1]), int(r[2])): r[3:].reshape(3, n_channels).copy() for r in rows if r[0] == 1.0}
+
+
+# --------------------------------------------------------------------------- planning
+def find_split_files(dataset_dir: str | Path, split: str = "train") -> list[Path]:
+    dataset_dir = Path(dataset_dir)
+    if not dataset_dir.is_dir():
+        raise UserError(f"dataset folder {dataset_dir} does not exist; pass the folder that holds data/{split}/")
+    split_dir = dataset_dir / "data" / split
+    files = sorted(list(split_dir.glob("*.hdf5")) + list(split_dir.glob("*.h5"))) if split_dir.is_dir() else []
+    if not files:
+        hint = ""
+        if list(dataset_dir.glob("*.hdf5")) or list(dataset_dir.glob("*.h5")):
+            hint = f" ({dataset_dir} itself holds HDF5 files: pass the dataset folder, two levels up)"
+        raise UserError(f"no {split} files (*.hdf5, *.h5) in {split_dir}{hint}; "
+                        f"generate or download the dataset first")
+    return files
+
+
+def _names(attr) -> list[str]:
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in np.atleast_1d(attr)]
+
+
+def _open(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        raise UserError(f"cannot read {path}: not a valid HDF5 file ({str(err).splitlines()[0]}); "
+                        f"delete it and generate or download it again") from None
+
+
+def _file_layout(path: Path) -> tuple[tuple[FieldSpec, ...], dict]:
+    """Field specs and shapes of one file, with the checks the_well's reader relies on."""
+    with _open(path) as f:
+        try:
+            n_dims = int(f.attrs["n_spatial_dims"])
+            specs, shapes = [], {}
+            for order in range(3):
+                group = f.get(f"t{order}_fields")
+                if group is None:
+                    continue
+                for name in _names(group.attrs.get("field_names", [])):
+                    dset = group[name]
+                    spec = FieldSpec(name, order, n_dims**order, bool(dset.attrs["time_varying"]),
+                                     bool(dset.attrs.get("sample_varying", True)))
+                    lead = int(spec.sample_varying) + int(spec.time_varying)
+                    if dset.ndim < lead + order or (order and dset.shape[dset.ndim - order:] != (n_dims,) * order):
+                        raise UserError(f"{path}: field {spec.h5path} has shape {dset.shape}, which does not fit "
+                                        f"{'a time-varying' if spec.time_varying else 'a time-constant'} "
+                                        f"order-{order} field in {n_dims} dimensions")
+                    specs.append(spec)
+                    shapes[name] = (dset.shape, dset.dtype.itemsize)
+        except KeyError as err:
+            raise UserError(f"{path} is not in The Well's format (missing {err}); "
+                            f"delete it and generate or download it again") from None
+    return tuple(specs), shapes, n_dims
+
+
+def plan_dataset(dataset_dir: str | Path, split: str = "train", chunk_bytes: int = CHUNK_BYTES) -> Plan:
+    """Check every file of the split and cut it into work items (independent of any rank count)."""
+    files = find_split_files(dataset_dir, split)
+    fields, items = None, []
+    for file_index, path in enumerate(files):
+        specs, shapes, n_dims = _file_layout(path)
+        if not specs:
+            raise UserError(f"{path} holds no fields in t0_fields/, t1_fields/ or t2_fields/")
+        if fields is None:
+            fields = specs
+        elif specs != fields:
+            raise UserError(f"{path} has fields {[s.name for s in specs]} but {files[0]} has "
+                            f"{[s.name for s in fields]}: all files of a split must have the same fields")
+        varying = [s for s in specs if s.time_varying and s.sample_varying]
+        n_traj = {shapes[s.name][0][0] for s in specs if s.sample_varying}
+        n_time = {shapes[s.name][0][1] for s in varying}
+        if len(n_traj) > 1 or len(n_time) > 1:
+            raise UserError(f"{path}: fields disagree on the number of trajectories or time steps")
+        n_traj = n_traj.pop() if n_traj else 1
+        n_time = n_time.pop() if n_time else 1
+
+        def frame_bytes(s: FieldSpec) -> int:
+            shape, itemsize = shapes[s.name]
+            return int(np.prod(shape[int(s.sample_varying) + int(s.time_varying):])) * itemsize
+
+        per_frame = sum(frame_bytes(s) for s in varying)
+        largest = max((frame_bytes(s) for s in varying), default=1)
+        frames = max(1, chunk_bytes // max(largest, 1))
+        constant_bytes = sum(frame_bytes(s) for s in specs if s.sample_varying and not s.time_varying)
+        shared_bytes = sum(frame_bytes(s) for s in specs if not s.sample_varying)
+        for traj in range(n_traj):
+            for t_start in range(0, n_time, frames):
+                t_stop = min(n_time, t_start + frames)
+                first = t_start == 0
+                n_bytes = (t_stop - t_start + (not first)) * per_frame
+                n_bytes += constant_bytes * first + shared_bytes * (first and traj == 0)
+                items.append(WorkItem(file_index, traj, t_start, t_stop, n_bytes, first, first and traj == 0))
+    value_slices, delta_slices, c = {}, {}, 0
+    for s in fields:
+        value_slices[s.name] = slice(c, c + s.n_components)
+        c += s.n_components
+    for s in fields:
+        if s.time_varying:
+            delta_slices[s.name] = slice(c, c + s.n_components)
+            c += s.n_components
+    return Plan(tuple(files), fields, tuple(items), value_slices, delta_slices, c, n_dims)
+
+
+def rank_ranges(plan: Plan, world_size: int) -> list[tuple[int, int]]:
+    """Contiguous item ranges with near-equal bytes: item i goes to the rank its byte midpoint falls in.
+
+    Every item belongs to exactly one rank, whatever the world size; no padding, ranks may be empty.
+    """
+    sizes = np.array([it.n_bytes for it in plan.items], dtype=np.float64)
+    total = sizes.sum()
+    if total == 0:
+        owner = np.zeros(len(sizes), dtype=np.int64)
+    else:
+        midpoints = np.cumsum(sizes) - sizes / 2
+        owner = np.minimum((midpoints * world_size / total).astype(np.int64), world_size - 1)
+    bounds = np.searchsorted(owner, np.arange(world_size + 1), side="left")
+    return [(int(bounds[r]), int(bounds[r + 1])) for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------- reading
+class ItemReader:
+    """Computes one work item's moments; keeps one HDF5 file open at a time (items come in file order)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self._file_index, self._file = None, None
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file_index, self._file = None, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _h5(self, file_index: int) -> h5py.File:
+        if self._file_index != file_index:
+            self.close()
+            self._file = _open(self.plan.files[file_index])
+            self._file_index = file_index
+        return self._file
+
+    def _read(self, spec: FieldSpec, index: tuple) -> np.ndarray:
+        dset = self._h5(self._current)[spec.h5path]
+        try:
+            return dset[index]
+        except (OSError, ValueError) as err:
+            raise UserError(f"cannot read {spec.h5path} from {self.plan.files[self._current]} "
+                            f"({str(err).splitlines()[0]}); the file is damaged: generate or download it again") from None
+
+    def moments(self, item: WorkItem) -> np.ndarray:
+        self._current = item.file_index
+        out = empty_moments(self.plan.n_channels)
+        for spec in self.plan.fields:
+            index = (item.trajectory,) if spec.sample_varying else ()
+            if spec.time_varying and spec.sample_varying:
+                first = max(item.t_start - 1, 0)  # one frame of overlap for the delta into t_start
+                x = self._read(spec, index + (slice(first, item.t_stop),))
+                skip = item.t_start - first  # the overlap frame's values belong to the previous item
+            elif not spec.sample_varying and not item.with_shared_fields:
+                continue
+            elif spec.sample_varying and not item.with_constant_fields:
+                continue
+            else:
+                x = self._read(spec, index)
+                if spec.time_varying:  # shared across trajectories but time-varying: rare; whole series at once
+                    skip = 0
+                else:
+                    x, skip = x[np.newaxis], 0  # one "frame"; no deltas
+            self._accumulate(spec, x, skip, out)
+        return out
+
+    def _accumulate(self, spec: FieldSpec, x: np.ndarray, skip: int, out: np.ndarray) -> None:
+        n_frames, k = x.shape[0], spec.n_components
+        # component-major float64 copy: each component's (frames, points) block is contiguous
+        comp = np.ascontiguousarray(np.moveaxis(x.reshape(n_frames, -1, k), -1, 0), dtype=np.float64)
+        vs, ds = self.plan.value_slices[spec.name], self.plan.delta_slices.get(spec.name)
+        for c in range(k):
+            out[:, vs.start + c] = vector_moments(comp[c, skip:].reshape(-1))
+            if ds is not None and n_frames > 1:
+                # float32 values differ exactly in float64, so deltas carry no rounding of their own
+                out[:, ds.start + c] = vector_moments((comp[c, 1:] - comp[c, :-1]).reshape(-1))
+
+
+def reduce_range(plan: Plan, start: int, stop: int, should_stop=None) -> PairwiseReducer:
+    """Moments of items [start, stop), reduced to aligned blocks. `should_stop()` is polled per item."""
+    reducer = PairwiseReducer()
+    with ItemReader(plan) as reader:
+        for i in range(start, stop):
+            if should_stop is not None and should_stop():
+                break
+            reducer.push(i, reader.moments(plan.items[i]))
+    return reducer
+
+
+# --------------------------------------------------------------------------- results
+def _shape_like(spec: FieldSpec, values: np.ndarray, n_dims: int):
+    values = [float(v) for v in values]
+    if spec.order == 0:
+        return values[0]
+    if spec.order == 1:
+        return values
+    return [values[i * n_dims:(i + 1) * n_dims] for i in range(n_dims)]
+
+
+def loss_weights(std_delta: np.ndarray) -> np.ndarray:
+    """Per-channel loss weights: proportional to 1 / std_delta**2, mean 1 over all time-varying channels.
+
+    A squared error in physical units divided by the channel's typical one-step change
+    squared makes every channel's error equally important, whatever its units.
+    std_delta is clipped at MIN_STD like the_well's normalizers do, so a channel that never
+    changes gets a large but finite weight.
+    """
+    inv = 1.0 / np.maximum(std_delta, MIN_STD) ** 2
+    return inv / inv.mean()
+
+
+def stats_from_moments(plan: Plan, total: np.ndarray) -> dict:
+    """(count, mean, M2) per channel -> the_well's stats.yaml dictionary (+ loss_weight)."""
+    n, mean, m2 = total
+    if np.any(n == 0):
+        empty = [s.name for s in plan.fields
+                 if np.any(n[plan.value_slices[s.name]] == 0)
+                 or (s.name in plan.delta_slices and np.any(n[plan.delta_slices[s.name]] == 0))]
+        raise UserError(f"fields {empty} have no values (or no time differences: a single time step); "
+                        f"cannot compute their statistics")
+    var = m2 / n
+    per_channel = {"mean": mean, "std": np.sqrt(var), "rms": np.sqrt(var + mean * mean)}
+    n_dims = plan.n_spatial_dims
+    varying = [s for s in plan.fields if s.name in plan.delta_slices]
+    out = {}
+    for key, values in per_channel.items():
+        out[key] = {s.name: _shape_like(s, values[plan.value_slices[s.name]], n_dims) for s in plan.fields}
+    for key, values in per_channel.items():
+        out[f"{key}_delta"] = {s.name: _shape_like(s, values[plan.delta_slices[s.name]], n_dims) for s in varying}
+    if varying:
+        std_delta = np.concatenate([per_channel["std"][plan.delta_slices[s.name]] for s in varying])
+        weights, c = loss_weights(std_delta), 0
+        out["loss_weight"] = {}
+        for s in varying:
+            out["loss_weight"][s.name] = _shape_like(s, weights[c:c + s.n_components], n_dims)
+            c += s.n_components
+    return out
+
+
+def compute_dataset_stats(dataset_dir: str | Path, split: str = "train", chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """Statistics of one split of a Well dataset (the folder that holds data/<split>/), serially."""
+    plan = plan_dataset(dataset_dir, split, chunk_bytes)
+    reducer = reduce_range(plan, 0, len(plan.items))
+    total = combine_blocks(reducer.as_dict(), len(plan.items), plan.n_channels)
+    return stats_from_moments(plan, total)
+
+
+def format_stats_yaml(stats: dict) -> str:
+    # PyYAML writes floats with repr(): the shortest string that reads back to the same float64.
+    return yaml.safe_dump(stats, sort_keys=False, default_flow_style=None, width=1000)
+
+
+def write_stats_yaml(stats: dict, path: str | Path) -> Path:
+    """Write stats.yaml at full precision, atomically (nothing partial if interrupted)."""
+    return atomic_write_text(path, format_stats_yaml(stats))
+
+
+def flatten_stats(stats: dict) -> Iterator[tuple[str, str, float]]:
+    """(key, field[component], value) for every number in a stats dict: for comparisons in tests."""
+    for key, fields in stats.items():
+        for name, value in fields.items():
+            for idx, v in np.ndenumerate(np.asarray(value, dtype=np.float64)):
+                yield key, f"{name}{list(idx) if idx else ''}", float(v)
+
+
+def max_relative_difference(a: dict, b: dict) -> float:
+    """Largest |a - b| / max(|b|, tiny) over matching numbers; the key sets must be equal."""
+    fa, fb = list(flatten_stats(a)), list(flatten_stats(b))
+    if [x[:2] for x in fa] != [x[:2] for x in fb]:
+        raise ValueError("the two statistics have different keys or fields")
+    return max((abs(x[2] - y[2]) / max(abs(y[2]), 1e-300) for x, y in zip(fa, fb)), default=0.0)
+
+
+__all__ = [
+    "compute_dataset_stats", "write_stats_yaml", "format_stats_yaml", "plan_dataset", "rank_ranges",
+    "reduce_range", "combine_blocks", "pack_blocks", "unpack_blocks", "stats_from_moments", "merge",
+    "PairwiseReducer", "ItemReader", "max_relative_difference", "loss_weights", "find_split_files",
+]
