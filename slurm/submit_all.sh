@@ -32,7 +32,7 @@ unset WELLFNO_ROOT
 . "$HERE/site.env"
 [ "$dry" = 1 ] || command -v sbatch >/dev/null 2>&1 || die "sbatch not found; run this on a Slurm login node (or start the local test cluster: sudo slurm/ci/start_cluster.sh)"
 [ -n "${RUN_ROOT:-}" ] || die "RUN_ROOT is empty; set it in slurm/site.env"
-mkdir -p "$RUN_ROOT" || die "cannot create RUN_ROOT=$RUN_ROOT; set RUN_ROOT in slurm/site.env"
+[ "$dry" = 1 ] || mkdir -p "$RUN_ROOT" || die "cannot create RUN_ROOT=$RUN_ROOT; set RUN_ROOT in slurm/site.env"
 read -r -a site_args <<< "${SITE_SBATCH_ARGS:-}"
 
 scripts=()
