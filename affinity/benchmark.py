@@ -1,0 +1,200 @@
+"""When does CPU placement matter? Side-by-side measurements in one run.
+
+    python affinity/benchmark.py                 # data pipeline + competing load (+ GPU if present)
+    python affinity/benchmark.py --workers 4 --samples 400 --repeats 3
+
+1. Data pipeline: N DataLoader workers doing CPU-heavy per-sample work (FFTs, like decoding and
+   augmenting a sample), no model. Throughput in samples/s for
+     collapsed   the parent was pinned to one CPU before the workers forked (what an OpenMP
+                 runtime binding the main thread, or a launcher giving the task one CPU, does):
+                 every worker inherits that one CPU;
+     pin_worker  same parent, but worker_init_fn=pin_worker(cpus) re-spreads the workers;
+     unpinned    the parent may use all allowed CPUs, no pinning (the OS scheduler decides).
+2. Competing load: one worker on the CPU a busy process also runs on, vs on a free CPU.
+3. GPU-resident compute (only with a GPU): a training step whose data already lives on the GPU,
+   with the process pinned to one CPU vs all allowed CPUs. The GPU does the work; the CPU only
+   launches kernels, so placement barely matters.
+Runs are interleaved (A B C A B C ...) and the median is reported, so drift hits all alike.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from affinity.bind import pin_worker
+from affinity.discover import format_cpulist
+from wellfno.cli import UserError, run_main
+
+
+class HeavySamples:
+    """Each item costs a few ms of single-threaded CPU work (FFT round trips on a 2-D field)."""
+
+    def __init__(self, n: int, size: int = 128, rounds: int = 24):
+        self.n, self.size, self.rounds = n, size, rounds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(self.size, self.size, generator=g)
+        for _ in range(self.rounds):
+            x = torch.fft.irfft2(torch.fft.rfft2(x) * 0.5, s=x.shape).tanh()
+        return x
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def time_loader(samples: int, workers: int, parent_cpus, worker_init) -> float:
+    """Samples/s of a DataLoader whose parent runs on parent_cpus while the workers fork."""
+    import torch
+    original = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, parent_cpus)
+    try:
+        loader = torch.utils.data.DataLoader(HeavySamples(samples), batch_size=4, num_workers=workers,
+                                             worker_init_fn=worker_init, prefetch_factor=2)
+        it = iter(loader)
+        next(it)  # worker start-up is not throughput
+        start = time.perf_counter()
+        n = 0
+        for batch in it:
+            n += batch.shape[0]
+        return n / (time.perf_counter() - start)
+    finally:
+        os.sched_setaffinity(0, original)
+
+
+def busy_loop(cpu: int, stop) -> None:
+    os.sched_setaffinity(0, {cpu})
+    x = 0
+    while not stop.is_set():
+        for _ in range(100_000):
+            x += 1
+
+
+def pipeline_table(args, allowed: list[int]) -> list[tuple[str, float]]:
+    one = {allowed[0]}
+    conditions = {
+        "collapsed": (one, None),
+        "pin_worker": (one, pin_worker(allowed)),
+        "unpinned": (set(allowed), None),
+    }
+    results = {k: [] for k in conditions}
+    for _ in range(args.repeats):
+        for name, (parent, init) in conditions.items():
+            results[name].append(time_loader(args.samples, args.workers, parent, init))
+    return [(k, statistics.median(v)) for k, v in results.items()]
+
+
+def competing_table(args, allowed: list[int]) -> list[tuple[str, float]]:
+    import multiprocessing as mp
+    busy_cpu, free_cpu = allowed[0], allowed[-1]
+    stop = mp.Event()
+    hog = mp.Process(target=busy_loop, args=(busy_cpu, stop), daemon=True)
+    hog.start()
+    try:
+        results = {f"worker on busy CPU {busy_cpu}": [], f"worker on free CPU {free_cpu}": []}
+        for _ in range(args.repeats):
+            for name, cpu in zip(results, (busy_cpu, free_cpu)):
+                # The parent runs on the free CPU in both cases; only the worker moves.
+                results[name].append(time_loader(args.samples // 2, 1, {free_cpu}, pin_worker([cpu])))
+    finally:
+        stop.set()
+        hog.join(timeout=5)
+    return [(k, statistics.median(v)) for k, v in results.items()]
+
+
+def gpu_table(args, allowed: list[int]) -> list[tuple[str, float]] | None:
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda", 0)
+    model = torch.nn.Sequential(*[torch.nn.Conv2d(32, 32, 3, padding=1) for _ in range(6)]).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(16, 32, 128, 128, device=device)
+
+    def steps_per_s(cpus) -> float:
+        original = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus)
+        try:
+            for _ in range(5):
+                model(x).square().mean().backward()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(args.gpu_steps):
+                opt.zero_grad(set_to_none=True)
+                model(x).square().mean().backward()
+                opt.step()
+            torch.cuda.synchronize()
+            return args.gpu_steps / (time.perf_counter() - start)
+        finally:
+            os.sched_setaffinity(0, original)
+
+    results = {f"1 CPU ({allowed[-1]})": [], f"all {len(allowed)} allowed CPUs": []}
+    for _ in range(args.repeats):
+        for name, cpus in zip(results, ({allowed[-1]}, set(allowed))):
+            results[name].append(steps_per_s(cpus))
+    return [(k, statistics.median(v)) for k, v in results.items()]
+
+
+def print_table(title: str, unit: str, rows: list[tuple[str, float]]) -> None:
+    base = rows[0][1]
+    print(f"\n{title}")
+    print(f"| condition | {unit} | ratio vs first |")
+    print("|---|---:|---:|")
+    for name, value in rows:
+        print(f"| {name} | {value:.1f} | {value / base:.2f}x |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: allowed CPUs)")
+    ap.add_argument("--samples", type=int, default=240, help="samples per measurement")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per condition (median)")
+    ap.add_argument("--gpu-steps", type=int, default=50, help="training steps per GPU measurement")
+    ap.add_argument("--skip-competing", action="store_true", help="skip the competing-load table")
+    args = ap.parse_args(argv)
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise UserError("this benchmark compares placements and needs at least 2 allowed CPUs "
+                        "(run it outside taskset/srun --cpus-per-task=1)")
+    args.workers = args.workers or len(allowed)
+    if args.workers < 1 or args.samples < 8 or args.repeats < 1:
+        raise UserError("--workers >= 1, --samples >= 8 and --repeats >= 1 please")
+    import torch
+    print(f"machine: {platform.node()} | {cpu_model_name()} | allowed CPUs {format_cpulist(allowed)} "
+          f"({len(allowed)}) | torch {torch.__version__} | GPU: "
+          f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
+    print_table(f"1. data pipeline: {args.workers} workers, {args.samples} samples, median of {args.repeats}",
+                "samples/s", pipeline_table(args, allowed))
+    if not args.skip_competing:
+        print_table("2. competing load: 1 worker, a busy process pinned to one CPU", "samples/s",
+                    competing_table(args, allowed))
+    rows = gpu_table(args, allowed)
+    if rows is None:
+        print("\n3. GPU-resident compute: skipped (no GPU here)")
+    else:
+        print_table("3. GPU-resident compute: conv stack, data on the GPU", "steps/s", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
