@@ -1,0 +1,169 @@
+"""Find, check and load a dataset of The Well.
+
+`resolve_dataset` turns what a participant typed (`--data-dir`, `--dataset`,
+`--download`) into a dataset folder that is known to be complete, or a one-line
+error that says what to do. `well_datasets` builds the_well's own `WellDataset`
+for each split, z-score normalized with the dataset's `stats.yaml`.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import yaml
+
+from wellfno.cli import UserError
+
+EMBEDDED = "gray_scott_embedded"
+REQUIRED_STATS = ("mean", "std", "mean_delta", "std_delta")
+
+
+def well_dataset_names() -> list[str]:
+    from the_well.data.utils import WELL_DATASETS
+
+    return list(WELL_DATASETS)
+
+
+def _hdf5_files(folder: Path) -> list[Path]:
+    return sorted([*folder.glob("*.hdf5"), *folder.glob("*.h5")])
+
+
+def locate(data_dir: str | Path, dataset: str) -> Path:
+    """DATA_DIR/datasets/<dataset>, forgiving the two usual slips.
+
+    The_well's downloader puts files in `<base>/datasets/<name>/`. People then
+    pass `<base>/datasets` or `<base>/datasets/<name>` as the data folder and end
+    up with `datasets/datasets`; both are accepted here.
+    """
+    data_dir = Path(data_dir).expanduser()
+    if data_dir.name == dataset and (data_dir / "data").is_dir():
+        return data_dir  # the dataset folder itself
+    if data_dir.name == "datasets" and not (data_dir / "datasets").is_dir():
+        return data_dir / dataset  # the datasets/ folder
+    return data_dir / "datasets" / dataset
+
+
+def check_dataset(dataset_dir: Path, splits=("train", "valid")) -> dict:
+    """Complete and readable? Return the statistics; raise UserError otherwise."""
+    for split in splits:
+        folder = dataset_dir / "data" / split
+        files = _hdf5_files(folder)
+        if not files:
+            raise UserError(f"no HDF5 files in {folder}: the dataset is incomplete "
+                            f"(an interrupted or offline download leaves empty folders); download it again")
+        for path in files:
+            if path.stat().st_size == 0:
+                raise UserError(f"{path} is empty (interrupted download?): delete it and download again")
+            try:
+                with h5py.File(path, "r") as f:
+                    f.attrs["n_trajectories"], f["dimensions"]["time"].shape, f["t0_fields"].attrs["field_names"]
+            except (OSError, KeyError) as err:
+                raise UserError(f"{path} is not a readable Well HDF5 file ({err.__class__.__name__}: {err}); "
+                                f"delete it and download or generate it again") from None
+    stats_path = dataset_dir / "stats.yaml"
+    if not stats_path.is_file():
+        raise UserError(f"{stats_path} is missing: compute it with `python stats.py {dataset_dir}`")
+    try:
+        stats = yaml.safe_load(stats_path.read_text())
+    except yaml.YAMLError as err:
+        raise UserError(f"{stats_path} is not valid YAML ({err.__class__.__name__}); "
+                        f"recompute it with `python stats.py {dataset_dir}`") from None
+    missing = [key for key in REQUIRED_STATS if not isinstance(stats, dict) or key not in stats]
+    if missing:
+        raise UserError(f"{stats_path} lacks {', '.join(missing)}: recompute it with `python stats.py {dataset_dir}`")
+    return stats
+
+
+def download(data_dir: Path, dataset: str) -> None:
+    """The Well's own downloader (curl under the hood). It exits 0 even offline, so check after."""
+    print(f"Downloading {dataset} into {data_dir}/datasets with the-well-download ...", flush=True)
+    cmd = [sys.executable, "-m", "the_well.utils.download", "--base-path", str(data_dir), "--dataset", dataset]
+    subprocess.run(cmd, check=False)
+
+
+def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing: bool = False) -> Path:
+    """Return the folder of a complete dataset, generating or downloading it if asked."""
+    dataset_dir = locate(data_dir, dataset)
+    data_root = dataset_dir.parent.parent
+    present = (dataset_dir / "data").is_dir()
+    if not present and dataset == EMBEDDED:
+        from wellfno.grayscott import generate
+
+        print(f"{dataset} not found in {data_root}: generating it (demo size, about a minute)", flush=True)
+        generate(data_root, "demo")
+    elif not present or (download_missing and not _hdf5_files(dataset_dir / "data" / "train")):
+        known = well_dataset_names()
+        if dataset not in known:
+            raise UserError(f"unknown dataset '{dataset}': use {EMBEDDED} or one of The Well's: {', '.join(known)}")
+        if not download_missing:
+            raise UserError(f"{dataset} not found in {data_root}/datasets: add --download to fetch it from "
+                            f"The Well (large), or point --data-dir at the folder that holds datasets/")
+        download(data_root, dataset)
+        for split in ("train", "valid", "test"):
+            if not _hdf5_files(dataset_dir / "data" / split):
+                raise UserError(f"the download of {dataset} left {dataset_dir / 'data' / split} empty "
+                                f"(no network on this machine?): download on a login node with internet, "
+                                f"then pass --data-dir")
+    check_dataset(dataset_dir)
+    return dataset_dir
+
+
+def trajectory_length(dataset_dir: Path, split: str) -> int:
+    """The shortest trajectory (in saved frames) of a split."""
+    lengths = []
+    for path in _hdf5_files(dataset_dir / "data" / split):
+        with h5py.File(path, "r") as f:
+            lengths.append(f["dimensions"]["time"].shape[-1])
+    return min(lengths)
+
+
+def well_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "valid")) -> dict:
+    """the_well's WellDataset per split: n_steps_input frames in, the next frame out, z-scored."""
+    from the_well.data import WellDataset
+    from the_well.data.normalization import ZScoreNormalization
+
+    for split in splits:
+        length = trajectory_length(dataset_dir, split)
+        if n_steps_input + 1 > length:
+            raise UserError(f"--n-steps-input {n_steps_input} is too long: the {split} trajectories have "
+                            f"{length} frames, so at most {length - 1} input steps fit")
+    return {
+        split: WellDataset(path=str(dataset_dir), well_split_name=split, n_steps_input=n_steps_input,
+                           n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,
+                           return_grid=False, boundary_return_type=None)
+        for split in splits
+    }
+
+
+def rollout_dataset(dataset_dir: Path, n_steps_input: int, split: str = "valid"):
+    """Whole trajectories: the first n_steps_input frames in, all the rest out."""
+    from the_well.data import WellDataset
+    from the_well.data.normalization import ZScoreNormalization
+
+    return WellDataset(path=str(dataset_dir), well_split_name=split, n_steps_input=n_steps_input,
+                       full_trajectory_mode=True, use_normalization=True, normalization_type=ZScoreNormalization,
+                       return_grid=False, boundary_return_type=None)
+
+
+def to_channels(fields):
+    """(B, T, H, W, F) -> (B, T*F, H, W): time steps and fields stacked as channels, as FNO wants."""
+    b, t, h, w, f = fields.shape
+    return fields.permute(0, 1, 4, 2, 3).reshape(b, t * f, h, w)
+
+
+def batch_to_model(batch: dict, device, non_blocking: bool = False):
+    """A WellDataset batch -> (inputs (B, T*F, H, W), target (B, F, H, W)) on `device`."""
+    x = to_channels(batch["input_fields"]).to(device, non_blocking=non_blocking)
+    y = to_channels(batch["output_fields"][:, :1]).to(device, non_blocking=non_blocking)
+    return x, y
+
+
+def load_stats(dataset_dir: Path) -> dict:
+    return yaml.safe_load((Path(dataset_dir) / "stats.yaml").read_text())
+
+
+def channel_names(dataset) -> list[str]:
+    """Names of the channels in the order WellDataset stacks them (t0, then t1, then t2 fields)."""
+    return [name for order in range(3) for name in dataset.field_names[order]]
