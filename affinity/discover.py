@@ -333,9 +333,15 @@ def main(argv=None) -> int:
     if args.png:
         print(f"drew {draw(topo, args.png)}")
         if shutil.which("lstopo") and Path(args.sysfs).resolve() == Path("/sys"):
-            lstopo_png = Path(args.png).with_name(Path(args.png).stem + "-lstopo.png")
-            subprocess.run(["lstopo", "--force", "--of", "png", str(lstopo_png)], check=False)
-            print(f"drew {lstopo_png} with lstopo")
+            # hwloc-nox builds of lstopo have no PNG (cairo) output; SVG is always built in.
+            for fmt in ("png", "svg"):
+                out = Path(args.png).with_name(f"{Path(args.png).stem}-lstopo.{fmt}")
+                done = subprocess.run(["lstopo", "--force", "--of", fmt, str(out)], capture_output=True)
+                if done.returncode == 0:
+                    print(f"drew {out} with lstopo")
+                    break
+            else:
+                print("lstopo is installed but could draw neither PNG nor SVG", file=sys.stderr)
     return 0
 
 
