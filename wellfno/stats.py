@@ -495,10 +495,11 @@ def flatten_stats(stats: dict) -> Iterator[tuple[str, str, float]]:
 
 def max_relative_difference(a: dict, b: dict) -> float:
     """Largest |a - b| / max(|b|, tiny) over matching numbers; the key sets must be equal."""
-    fa, fb = list(flatten_stats(a)), list(flatten_stats(b))
-    if [x[:2] for x in fa] != [x[:2] for x in fb]:
-        raise ValueError("the two statistics have different keys or fields")
-    return max((abs(x[2] - y[2]) / max(abs(y[2]), 1e-300) for x, y in zip(fa, fb)), default=0.0)
+    fa = {(k, f): v for k, f, v in flatten_stats(a)}
+    fb = {(k, f): v for k, f, v in flatten_stats(b)}
+    if fa.keys() != fb.keys():
+        raise ValueError(f"the two statistics differ in keys or fields: {sorted(fa.keys() ^ fb.keys())}")
+    return max((abs(fa[key] - fb[key]) / max(abs(fb[key]), 1e-300) for key in fa), default=0.0)
 
 
 __all__ = [

@@ -1,0 +1,244 @@
+"""Serial dataset statistics (wellfno.stats, stats.py) against an independent float64 numpy reference."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+import wellfno.stats as S
+from wellfno.wellformat import write_well_file
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small enough that items are a few frames: several items per trajectory, deltas across item borders.
+# (3 frames of the largest field, the 2x2 tensor: 6 x 5 x 4 values x 4 bytes)
+TINY_CHUNK_MB = 3 * 480 / 2**20
+# Trajectories x time steps per file: unequal, so the items (9 + 4 + 4 = 17 chunks of at most
+# 3 frames) divide evenly by no world size up to 4, and their byte sizes differ (short last
+# chunks, overlap frames, constant fields on first chunks).
+FILES = [(3, 7), (1, 10), (2, 5)]
+H, W = 6, 5  # not square, to catch swapped axes
+
+
+def make_dataset(root: Path, files=FILES, seed: int = 0) -> Path:
+    """A Well-format dataset: scalar, 1e4 +- 1e-2, time-constant, vector and tensor fields."""
+    rng = np.random.default_rng(seed)
+    for i, (n_traj, n_time) in enumerate(files):
+        drift = np.linspace(0, 3, n_time, dtype=np.float32)[None, :, None, None]  # nonzero mean_delta
+        write_well_file(
+            root / "data" / "train" / f"part_{i}.hdf5", dataset_name="stats_test",
+            time=np.arange(n_time, dtype=np.float32), coords={"x": np.arange(H), "y": np.arange(W)},
+            t0_fields={
+                "u": (rng.normal(2.0, 1.5, (n_traj, n_time, H, W)) + drift).astype(np.float32),
+                "pressure": (1e4 + 1e-2 * rng.standard_normal((n_traj, n_time, H, W))).astype(np.float32),
+                "mask": rng.uniform(0, 1, (n_traj, H, W)).astype(np.float32),
+            },
+            t1_fields={"velocity": rng.normal([0.5, -3.0], [0.1, 2.0], (n_traj, n_time, H, W, 2)).astype(np.float32)},
+            t2_fields={"stress": rng.normal(1.0, 0.3, (n_traj, n_time, H, W, 2, 2)).astype(np.float32)},
+            time_varying={"mask": False}, constant_scalars={"F": 0.03},
+        )
+    # a split that must be ignored
+    write_well_file(root / "data" / "valid" / "v.hdf5", dataset_name="stats_test", time=np.arange(3),
+                    coords={"x": np.arange(H), "y": np.arange(W)},
+                    t0_fields={"u": np.full((1, 3, H, W), 1e6, np.float32)})
+    return root
+
+
+def reference_stats(dataset_dir: Path) -> dict:
+    """Two-pass float64 numpy over whole arrays (fine for tiny data): the definition, written plainly."""
+    arrays: dict[str, list[np.ndarray]] = {}
+    varying, order = {}, {}
+    for path in sorted((dataset_dir / "data" / "train").glob("*.hdf5")):
+        with h5py.File(path) as f:
+            for o in range(3):
+                for name, dset in f[f"t{o}_fields"].items():
+                    arrays.setdefault(name, []).append(dset[()].astype(np.float64))
+                    varying[name], order[name] = bool(dset.attrs["time_varying"]), o
+
+    def shaped(values, name):
+        return values.reshape((2,) * order[name]).tolist() if order[name] else float(values[0])
+
+    out = {k: {} for k in ("mean", "std", "rms", "mean_delta", "std_delta", "rms_delta")}
+    for name, parts in arrays.items():
+        k = 2 ** order[name]
+        flat = np.concatenate([p.reshape(-1, k) for p in parts])
+        mean = flat.mean(axis=0)
+        out["mean"][name] = shaped(mean, name)
+        out["std"][name] = shaped(np.sqrt(((flat - mean) ** 2).mean(axis=0)), name)
+        out["rms"][name] = shaped(np.sqrt((flat**2).mean(axis=0)), name)
+        if varying[name]:
+            d = np.concatenate([np.diff(p, axis=1).reshape(-1, k) for p in parts])
+            dm = d.mean(axis=0)
+            out["mean_delta"][name] = shaped(dm, name)
+            out["std_delta"][name] = shaped(np.sqrt(((d - dm) ** 2).mean(axis=0)), name)
+            out["rms_delta"][name] = shaped(np.sqrt((d**2).mean(axis=0)), name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("stats_ds"))
+
+
+def without_loss_weight(stats: dict) -> dict:
+    return {k: v for k, v in stats.items() if k != "loss_weight"}
+
+
+@pytest.mark.parametrize("chunk_mb, block_elements", [(S.CHUNK_BYTES / 2**20, S.BLOCK_ELEMENTS),
+                                                      (TINY_CHUNK_MB, S.BLOCK_ELEMENTS),
+                                                      (TINY_CHUNK_MB, 2 * H * W)])
+def test_serial_matches_float64_reference(dataset, monkeypatch, chunk_mb, block_elements):
+    monkeypatch.setattr(S, "BLOCK_ELEMENTS", block_elements)  # 2 frames: carry across blocks too
+    plan = S.plan_dataset(dataset, chunk_bytes=int(chunk_mb * 2**20))
+    if chunk_mb == TINY_CHUNK_MB:
+        assert len(plan.items) == 17, "the test needs several items per trajectory"
+    got = S.compute_dataset_stats(dataset, chunk_bytes=int(chunk_mb * 2**20))
+    ref = reference_stats(dataset)
+    assert set(got) == set(ref) | {"loss_weight"}
+    assert S.max_relative_difference(without_loss_weight(got), ref) <= 1e-10
+    # the 1e4 +- 1e-2 field keeps its small spread (float32 E[x^2]-E[x]^2 gives garbage here)
+    assert 0.008 < got["std"]["pressure"] < 0.012
+    assert "mask" not in got["mean_delta"] and "mask" in got["mean"]
+
+
+def test_layout_is_the_wells(dataset):
+    got = S.compute_dataset_stats(dataset)
+    assert isinstance(got["mean"]["u"], float)
+    assert len(got["std"]["velocity"]) == 2 and all(isinstance(v, float) for v in got["std"]["velocity"])
+    assert np.asarray(got["rms_delta"]["stress"]).shape == (2, 2)
+    # velocity y has std 2 by construction, x 0.1: components are not mixed up
+    assert got["std"]["velocity"][0] == pytest.approx(0.1, rel=0.1)
+    assert got["std"]["velocity"][1] == pytest.approx(2.0, rel=0.1)
+
+
+def test_loss_weight_inverse_std_delta_squared_mean_one(dataset):
+    got = S.compute_dataset_stats(dataset)
+    weights = np.concatenate([np.ravel(got["loss_weight"][n]) for n in ("u", "pressure", "velocity", "stress")])
+    std_delta = np.concatenate([np.ravel(got["std_delta"][n]) for n in ("u", "pressure", "velocity", "stress")])
+    assert weights.mean() == pytest.approx(1.0, rel=1e-12)
+    np.testing.assert_allclose(weights * std_delta**2, (weights * std_delta**2)[0], rtol=1e-12)
+    assert set(got["loss_weight"]) == set(got["std_delta"])  # time-constant fields are not predicted
+
+
+def test_yaml_round_trips_every_bit(dataset, tmp_path):
+    got = S.compute_dataset_stats(dataset)
+    path = S.write_stats_yaml(got, tmp_path / "stats.yaml")
+    back = yaml.safe_load(path.read_text())
+    assert back == got  # float equality: repr() keeps all 17 significant digits
+    assert not list(tmp_path.glob(".*.tmp")), "atomic write left a temporary file"
+
+
+def test_random_splits_rebuild_the_serial_tree_bitwise():
+    """Any contiguous split into ranks, packed and merged, equals the serial reduction bit for bit."""
+    rng = np.random.default_rng(1)
+    n_items, n_channels = 37, 3
+    leaves = [np.stack([rng.integers(0, 50, n_channels).astype(float),  # counts 0 are allowed
+                        rng.normal(1e4, 1, n_channels), rng.uniform(0, 5, n_channels)]) for _ in range(n_items)]
+    serial = S.PairwiseReducer()
+    for i, m in enumerate(leaves):
+        serial.push(i, m)
+    expected = S.combine_blocks(serial.as_dict(), n_items, n_channels)
+    assert len(serial.blocks) == bin(n_items).count("1")
+    for trial in range(20):
+        cuts = sorted(rng.choice(np.arange(0, n_items + 1), size=rng.integers(1, 6)).tolist())
+        bounds = [0, *cuts, n_items]
+        packed = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            part = S.PairwiseReducer()
+            for i in range(a, b):
+                part.push(i, leaves[i])
+            packed.append(S.pack_blocks(part.as_dict(), n_channels))
+        blocks = S.unpack_blocks(np.stack(packed), n_channels)
+        assert np.array_equal(S.combine_blocks(blocks, n_items, n_channels), expected)
+    # and the tree agrees with a plain float64 computation
+    values_n = sum(m[0] for m in leaves)
+    mean = sum(m[0] * m[1] for m in leaves) / values_n
+    np.testing.assert_allclose(expected[1], mean, rtol=1e-13)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 40])
+def test_rank_ranges_cover_every_item_once(dataset, world):
+    plan = S.plan_dataset(dataset, chunk_bytes=int(TINY_CHUNK_MB * 2**20))
+    ranges = S.rank_ranges(plan, world)
+    assert len(ranges) == world
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(plan.items)
+    assert all(a[1] == b[0] for a, b in zip(ranges[:-1], ranges[1:])) and all(a <= b for a, b in ranges)
+    loads = [sum(it.n_bytes for it in plan.items[a:b]) for a, b in ranges]
+    biggest = max(it.n_bytes for it in plan.items)
+    if world <= len(plan.items):
+        assert max(loads) - min(loads) <= 2 * biggest  # near-equal bytes
+    else:
+        assert loads.count(0) >= world - len(plan.items)  # ranks with nothing to do
+
+
+def run_cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "stats.py", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_writes_default_path(dataset):
+    out = dataset / "stats.yaml"
+    out.unlink(missing_ok=True)
+    r = run_cli(dataset)
+    assert r.returncode == 0, r.stderr
+    assert S.max_relative_difference(without_loss_weight(yaml.safe_load(out.read_text())),
+                                     reference_stats(dataset)) <= 1e-10
+
+
+@pytest.mark.parametrize("problem", ["missing_dir", "no_train_files", "garbage_file", "truncated_file"])
+def test_cli_bad_input_one_line_no_output(tmp_path, problem):
+    ds = tmp_path / "ds"
+    if problem == "no_train_files":
+        (ds / "data" / "train").mkdir(parents=True)
+    elif problem != "missing_dir":
+        make_dataset(ds, files=[(1, 4), (1, 4)])
+        bad = ds / "data" / "train" / "part_1.hdf5"
+        if problem == "garbage_file":
+            bad.write_bytes(b"this is not HDF5" * 100)
+        else:
+            bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    out = tmp_path / "out" / "stats.yaml"
+    r = run_cli(ds, "--out", out)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    if problem in ("garbage_file", "truncated_file"):
+        assert "part_1.hdf5" in lines[0]
+    assert not out.exists() and not (out.parent.exists() and any(out.parent.iterdir()))
+
+
+@pytest.mark.parametrize("norm", ["ZScoreNormalization", "RMSNormalization"])
+def test_output_loads_in_the_wells_normalizations(dataset, tmp_path, norm):
+    import torch
+    from the_well.data import normalization
+    from the_well.data.datasets import WellDataset
+
+    S.write_stats_yaml(S.compute_dataset_stats(dataset), dataset / "stats.yaml")
+    ds = WellDataset(path=str(dataset), well_split_name="train", use_normalization=True,
+                     normalization_type=getattr(normalization, norm), n_steps_input=1, n_steps_output=1)
+    raw = WellDataset(path=str(dataset), well_split_name="train", n_steps_input=1, n_steps_output=1)
+    sample, raw_sample = ds[0], raw[0]
+    stats = yaml.safe_load((dataset / "stats.yaml").read_text())
+    # input_fields channels: u, pressure, velocity_x, velocity_y, stress_xx, stress_xy, stress_yx, stress_yy
+    if norm == "ZScoreNormalization":
+        shift = [stats["mean"]["u"], stats["mean"]["pressure"], *stats["mean"]["velocity"],
+                 *np.ravel(stats["mean"]["stress"])]
+        scale = [stats["std"]["u"], stats["std"]["pressure"], *stats["std"]["velocity"],
+                 *np.ravel(stats["std"]["stress"])]
+    else:
+        shift = [0.0] * 8
+        scale = [stats["rms"]["u"], stats["rms"]["pressure"], *stats["rms"]["velocity"],
+                 *np.ravel(stats["rms"]["stress"])]
+    expected = (raw_sample["input_fields"].double() - torch.tensor(shift)) / torch.tensor(scale)
+    # the_well normalizes in float32: near 1e4 one float32 step (~1e-3) is 0.1 of pressure's std
+    float32_step = torch.tensor([np.spacing(np.float32(abs(m) + abs(v))) for m, v in zip(shift, scale)])
+    atol = 4 * float32_step.double() / torch.tensor(scale) + 1e-5
+    assert torch.all((sample["input_fields"].double() - expected).abs() <= atol)
+    assert sample["input_fields"].shape[-1] == 8
+    assert math.isfinite(float(sample["output_fields"].abs().max()))
