@@ -41,6 +41,9 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: s
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         try:

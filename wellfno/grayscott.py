@@ -68,10 +68,10 @@ def initial_condition(rng: np.random.Generator, n: int, resolution: int) -> tupl
     A low-pass-filtered Gaussian random field, thresholded, seeds B (as Pearson's
     1993 square seeds do) in blobs of random size and number.
     """
-    freqs = np.fft.fftfreq(resolution) * resolution
+    freqs = np.fft.fftfreq(resolution)  # cycles per cell: blobs of the same size in cells at any resolution
     radius2 = freqs[:, None] ** 2 + freqs[None, :] ** 2
     noise = np.fft.fft2(rng.standard_normal((n, resolution, resolution)))
-    smooth = np.fft.ifft2(noise * np.exp(-radius2 / (2 * 2.0**2))).real
+    smooth = np.fft.ifft2(noise * np.exp(-radius2 / (2 * (1 / 16) ** 2))).real
     smooth /= smooth.std(axis=(1, 2), keepdims=True)
     threshold = rng.uniform(0.0, 1.0, size=(n, 1, 1))  # fraction of the domain seeded varies
     seeded = smooth > threshold

@@ -47,3 +47,10 @@ class NextFrameFNO(nn.Module):
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """MSE in units of the typical one-step change of each channel."""
         return (((pred - target) / self.delta_scale) ** 2).mean()
+
+    def state_dict(self, *args, **kwargs):
+        # neuralop adds a '_metadata' entry holding its constructor arguments (functions
+        # included); drop it so checkpoints are tensors only and load with weights_only=True.
+        state = super().state_dict(*args, **kwargs)
+        state.pop("_metadata", None)
+        return state

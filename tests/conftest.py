@@ -1,0 +1,46 @@
+"""Shared fixtures: a tiny embedded dataset, generated once per test session."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+DATASET = "gray_scott_embedded"
+
+# Two CPU cores in CI: keep each process to one intra-op thread so parallel
+# subprocesses do not oversubscribe the cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory) -> Path:
+    """DATA_DIR holding datasets/gray_scott_embedded (tiny: 16x16, 12 frames, 2 regimes)."""
+    from wellfno.grayscott import generate
+
+    data_dir = tmp_path_factory.mktemp("data")
+    generate(data_dir, "tiny", seed=0, quiet=True)
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset_dir(tiny_data_dir) -> Path:
+    return tiny_data_dir / "datasets" / DATASET
+
+
+@pytest.fixture
+def tiny_data_copy(tiny_data_dir, tmp_path) -> Path:
+    """A private copy a test may damage."""
+    copy = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, copy)
+    return copy
+
+
+def run_script(*args, cwd=REPO, env=None, timeout=300):
+    """Run a repo script as a participant would; return the CompletedProcess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([PYTHON, *map(str, args)], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
