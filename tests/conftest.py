@@ -44,3 +44,15 @@ def run_script(*args, cwd=REPO, env=None, timeout=300):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([PYTHON, *map(str, args)], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--script", default=None,
+                     help="check-your-work: test this script (e.g. your edited fno.py) instead of the reference solution")
+
+
+def script_under_test(request, default: str) -> Path:
+    """The participant's script given with --script, else the step's reference solution."""
+    chosen = request.config.getoption("--script")
+    path = Path(chosen) if chosen else REPO / default
+    return path if path.is_absolute() else (Path.cwd() / path).resolve()
