@@ -327,3 +327,39 @@ def test_slurm_bad_site_settings_fail_in_one_line(slurm_cluster, slurm_data, tmp
         assert job.state == "FAILED", f"job {job.id} ended {job.state}, expected FAILED\n{job.logs()}"
         errors = error_lines(job.err.read_text())
         assert len(errors) == 1 and needle in errors[0], f"expected one error line about {needle}\n{job.logs()}"
+
+
+def test_slurm_baseline_requeues_itself_near_time_limit(slurm_cluster, slurm_data, tmp_path):
+    """The signal Slurm sends before the time limit (--signal=B:USR1@...) makes the
+    baseline job requeue itself under the same id, so it finds its run folder again.
+    (Slurm holds a requeued job ~2 minutes before it may start again: the test stops there.)"""
+    need("fno.py")
+    run_root = tmp_path / "runs"
+    job = sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
+                 env=job_env(run_root, slurm_data), run_root=run_root)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the training step runs: the trap is set
+            steps = _cmd("squeue", "-h", "-s", "-j", job.id, "-o", "%i").stdout.split()
+            if f"{job.id}.0" in steps:  # not just the .batch/.extern steps
+                break
+            job.state, _ = job_state(job.id)
+            assert job.state not in TERMINAL, f"job ended {job.state} before it could be signalled\n{job.logs()}"
+            time.sleep(0.3)
+        else:
+            pytest.fail(f"job {job.id} never started its training step\n{job.logs()}")
+        r = _cmd("scancel", "--batch", "--signal=USR1", job.id)
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 60
+        info = ""
+        while time.monotonic() < deadline:
+            info = _cmd("scontrol", "show", "job", "-o", job.id).stdout
+            if re.search(r"Restarts=1\b", info) and re.search(r"JobState=(PENDING|REQUEUED)", info):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"job {job.id} was not requeued: {info}\n{job.logs()}")
+        assert "requeueing job" in job.err.read_text()
+        assert job.run_dir.is_dir()
+    finally:
+        _cmd("scancel", job.id)
