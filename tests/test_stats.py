@@ -242,3 +242,12 @@ def test_output_loads_in_the_wells_normalizations(dataset, tmp_path, norm):
     assert torch.all((sample["input_fields"].double() - expected).abs() <= atol)
     assert sample["input_fields"].shape[-1] == 8
     assert math.isfinite(float(sample["output_fields"].abs().max()))
+
+
+def test_dask_version_matches_reference(dataset, tmp_path):
+    out = tmp_path / "stats.yaml"
+    r = subprocess.run([sys.executable, "solutions/04_distributed_stats/dask_stats.py", str(dataset), "--out", str(out),
+                        "--workers", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = without_loss_weight(yaml.safe_load(out.read_text()))
+    assert S.max_relative_difference(got, reference_stats(dataset)) <= 1e-10
