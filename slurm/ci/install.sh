@@ -9,7 +9,7 @@ for cmd in slurmctld slurmd sbatch srun sinfo sacct scontrol munged munge; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ ${#need[@]} -eq 0 ]; then
-  echo "slurm/ci/install.sh: Slurm and munge already installed ($(sinfo -V 2>/dev/null || echo '?'))"
+  echo "slurm/ci/install.sh: Slurm and munge already installed (slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm 2>/dev/null || echo '?'))"
   exit 0
 fi
 
@@ -31,5 +31,6 @@ $SUDO apt-get update -qq
 # hwloc-nox / procps: topology and ps for slurmd; no slurmdbd (sacct reads the
 # job completion text file configured by start_cluster.sh).
 $SUDO apt-get install -y -qq --no-install-recommends \
-  slurm-wlm slurm-client slurmctld slurmd munge procps hostname >/dev/null
-echo "slurm/ci/install.sh: installed $(sinfo -V)"
+  slurm-wlm slurm-client slurmctld slurmd munge procps hostname >/dev/null 2>&1 \
+  || $SUDO apt-get install -y --no-install-recommends slurm-wlm slurm-client slurmctld slurmd munge procps hostname
+echo "slurm/ci/install.sh: installed slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm)"

@@ -53,7 +53,8 @@ HOST="$(hostname -s)"
 NODE_LINE="$(slurmd -C | head -n1)"
 case "$NODE_LINE" in NodeName=*) ;; *) die "unexpected 'slurmd -C' output: $NODE_LINE";; esac
 # slurmd -C names the node after `hostname -s`; keep the two consistent.
-NODE_LINE="$(echo "$NODE_LINE" | sed -E "s/^NodeName=[^ ]+/NodeName=$HOST/")"
+# Everything talks over the loopback, whatever the host name resolves to.
+NODE_LINE="$(echo "$NODE_LINE" | sed -E "s/^NodeName=[^ ]+/NodeName=$HOST NodeAddr=127.0.0.1 NodeHostname=$HOST/")"
 
 mkdir -p "$ROOT/ctld" "$ROOT/d" "$ROOT/log" "$ROOT/run" "$CONF_DIR"
 chmod 0755 "$ROOT" "$ROOT/log"
@@ -62,7 +63,7 @@ cat > "$tmp" <<CONF
 $MARKER
 # Single-node test cluster; every run of start_cluster.sh rewrites this file.
 ClusterName=wellfno-ci
-SlurmctldHost=$HOST
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
