@@ -1,0 +1,206 @@
+"""A faster reader for The Well: the samples of `WellDataset`, without its per-item overhead.
+
+`FastWellDataset(dataset_dir, split, n_steps_input)` yields exactly what
+`wellfno.data.well_datasets` builds from the_well's `WellDataset` (n_steps_output=1,
+z-score normalization, return_grid=False, boundary_return_type=None): the same
+samples in the same order, with the same keys, dtypes, shapes and values, bit for
+bit (the normalization is the same float32 `(x - mean) / std`, only applied to
+all channels at once).
+
+Where the time goes in `WellDataset.__getitem__`, per item:
+  * it opens the HDF5 file again, through fsspec with an 8 MiB block cache, so a
+    small file is read whole for every sample;
+  * it re-reads the attributes of every field (`field_names`, `time_varying`, ...)
+    to decide how to slice it;
+  * it normalizes and tiles each field separately, then concatenates.
+Here the file layout is read once in `__init__`; each process opens the files on
+first use and keeps them open (opened lazily, after the DataLoader forks, so every
+worker has its own HDF5 handles: h5py handles must not be shared across a fork);
+and `__getitems__` (which DataLoader calls with a whole batch of indices) reads
+each field's window with one contiguous slice and normalizes the batch in one go.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+import yaml
+from torch.utils.data import Dataset
+
+from wellfno.cli import UserError
+
+FIELD_GROUPS = ("t0_fields", "t1_fields", "t2_fields")
+
+
+def _unsupported(path, what: str) -> UserError:
+    return UserError(f"{path}: {what}; the fast reader handles time- and sample-varying fields and constant "
+                     f"scalars only: drop --fast-reader to use the_well's WellDataset")
+
+
+class FastWellDataset(Dataset):
+    """Windows of `n_steps_input + n_steps_output` frames, z-scored like WellDataset's samples.
+
+    Each sample is {"input_fields": (n_in, *spatial, C), "output_fields": (n_out, *spatial, C),
+    "constant_scalars": (S,)} (the last only if the files have constant scalars).
+    """
+
+    def __init__(self, dataset_dir: str | Path, split: str = "train", n_steps_input: int = 1,
+                 n_steps_output: int = 1, use_normalization: bool = True, min_std: float = 1e-4):
+        from the_well.data.normalization import ZScoreNormalization
+        from the_well.data.utils import raw_steps_to_possible_sample_t0s
+
+        self.dataset_dir = Path(dataset_dir)
+        self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output
+        self.window = n_steps_input + n_steps_output
+        folder = self.dataset_dir / "data" / split
+        # WellDataset's order: the sorted full paths of *.h5 and *.hdf5.
+        self.files_paths = sorted(str(p) for p in [*folder.glob("*.h5"), *folder.glob("*.hdf5")])
+        if not self.files_paths:
+            raise UserError(f"no HDF5 files in {folder}")
+
+        windows, offsets, self.constant_scalars = [], [0], []
+        for index, path in enumerate(self.files_paths):
+            with h5py.File(path, "r") as f:
+                if index == 0:
+                    self._read_layout(f, path)
+                steps = f["dimensions"]["time"].shape[-1]
+                n_windows = raw_steps_to_possible_sample_t0s(steps, n_steps_input, n_steps_output, 1)
+                if n_windows < 1:
+                    raise UserError(f"{path} has {steps} frames: too few for {n_steps_input} input "
+                                    f"and {n_steps_output} output steps")
+                windows.append(n_windows)
+                offsets.append(offsets[-1] + int(f.attrs["n_trajectories"]) * n_windows)
+                self.constant_scalars.append(self._read_constant_scalars(f, path))
+        self.windows_per_trajectory = np.asarray(windows)
+        self.file_offsets = np.asarray(offsets)  # sample index where each file starts
+        self.len = int(self.file_offsets[-1])
+
+        # Per-channel mean and std, float32, exactly the values the_well's ZScoreNormalization
+        # uses per field (std clipped at min_std), broadcast to the field's tensor components.
+        self.channel_mean = self.channel_std = None
+        if use_normalization:
+            stats = yaml.safe_load((self.dataset_dir / "stats.yaml").read_text())
+            norm = ZScoreNormalization(stats, self.core_field_names, [], min_denom=min_std)
+            means, stds = [], []
+            for _, field, component_shape in self._fields:
+                for source, out in ((norm.means[field], means), (norm.stds[field], stds)):
+                    out.append(torch.broadcast_to(source, component_shape).reshape(-1))
+            self.channel_mean, self.channel_std = torch.cat(means), torch.cat(stds)
+        self._open_pid, self._datasets = None, None
+
+    def _read_layout(self, f: h5py.File, path) -> None:
+        """Field names in WellDataset's channel order: t0, then t1, then t2 fields, components last."""
+        spatial_dims = [d.decode() if isinstance(d, bytes) else d for d in f["dimensions"].attrs["spatial_dims"]]
+        self.n_spatial_dims = len(spatial_dims)
+        self.field_names = {order: [] for order in range(3)}
+        self.core_field_names, self._fields, dtypes = [], [], set()
+        for order, group in enumerate(FIELD_GROUPS):
+            for name in f[group].attrs["field_names"]:
+                dset = f[group][name]
+                if not (dset.attrs["time_varying"] and dset.attrs["sample_varying"] and all(dset.attrs["dim_varying"])):
+                    raise _unsupported(path, f"field {group}/{name} is constant in time, sample or space")
+                component_shape = dset.shape[2 + self.n_spatial_dims:]
+                self._fields.append((group, name, component_shape))
+                self.core_field_names.append(name)
+                # Component names as WellDataset builds them: A, or u_x, u_y, or S_xx, S_xy, ...
+                for dims in itertools.product(spatial_dims, repeat=order):
+                    self.field_names[order].append(f"{name}_{''.join(dims)}" if dims else name)
+                dtypes.add(dset.dtype)
+        if len(dtypes) != 1:
+            raise _unsupported(path, f"fields of several dtypes ({sorted(map(str, dtypes))})")
+        self.dtype = dtypes.pop()
+        self.spatial_shape = f[self._fields[0][0]][self._fields[0][1]].shape[2:2 + self.n_spatial_dims]
+        self.n_channels = len([n for names in self.field_names.values() for n in names])
+
+    @staticmethod
+    def _read_constant_scalars(f: h5py.File, path):
+        """Constant scalars as WellDataset stacks them (file dtype, one value each), read once per file."""
+        values = []
+        for name in f["scalars"].attrs["field_names"]:
+            dset = f["scalars"][name]
+            if dset.attrs["time_varying"] or dset.attrs["sample_varying"]:
+                raise _unsupported(path, f"scalar {name} varies in time or sample")
+            values.append(torch.as_tensor(dset[()]).unsqueeze(-1))
+        return torch.cat(values) if values else None
+
+    def __len__(self) -> int:
+        return self.len
+
+    def __getstate__(self):
+        # Open HDF5 handles cannot be pickled (spawned workers) and must not be shared after a fork.
+        return {**self.__dict__, "_open_pid": None, "_datasets": None}
+
+    def _open(self):
+        """HDF5 datasets of this process, opened on first use after a fork."""
+        if self._open_pid != os.getpid():
+            files = [h5py.File(path, "r") for path in self.files_paths]
+            self._datasets = [[f[group][name] for group, name, _ in self._fields] for f in files]
+            self._open_pid = os.getpid()
+        return self._datasets
+
+    def locate(self, index: int) -> tuple[int, int, int]:
+        """Sample index -> (file, trajectory in the file, first frame), as WellDataset counts them."""
+        if not 0 <= index < self.len:
+            raise IndexError(f"index {index} out of range for {self.len} samples")
+        file_idx = int(np.searchsorted(self.file_offsets, index, side="right") - 1)
+        local = index - int(self.file_offsets[file_idx])
+        windows = int(self.windows_per_trajectory[file_idx])
+        return file_idx, local // windows, local % windows
+
+    def read_windows(self, indices) -> np.ndarray:
+        """Raw (un-normalized) windows (B, window, *spatial, C): one contiguous slice per field and sample."""
+        datasets = self._open()
+        out = np.empty((len(indices), self.window, *self.spatial_shape, self.n_channels), dtype=self.dtype)
+        for b, index in enumerate(indices):
+            file_idx, trajectory, start = self.locate(int(index))
+            channel = 0
+            for dset, (_, _, component_shape) in zip(datasets[file_idx], self._fields):
+                block = dset[trajectory, start:start + self.window]
+                width = int(np.prod(component_shape, dtype=int))
+                out[b, ..., channel:channel + width] = block.reshape(*block.shape[:1 + self.n_spatial_dims], width)
+                channel += width
+        return out
+
+    def __getitems__(self, indices) -> list[dict]:
+        """A batch of samples; DataLoader calls this with all the indices of a batch at once."""
+        raw = self.read_windows(indices)
+        if self.channel_mean is not None:
+            # The same float32 (x - mean) / std as WellDataset's per-field normalize: bitwise equal values.
+            # In numpy, one channel at a time: a torch op broadcasting over a last dim of 2 channels is
+            # ~50x slower, and its thread pool stalls when DataLoader workers hold the other cores.
+            for channel, (mean, std) in enumerate(zip(self.channel_mean.numpy(), self.channel_std.numpy())):
+                view = raw[..., channel]
+                np.subtract(view, mean, out=view)
+                np.divide(view, std, out=view)
+        windows = torch.from_numpy(raw)
+        samples = []
+        for b, index in enumerate(indices):
+            sample = {"input_fields": windows[b, :self.n_steps_input], "output_fields": windows[b, self.n_steps_input:]}
+            scalars = self.constant_scalars[self.locate(int(index))[0]]
+            if scalars is not None:
+                sample["constant_scalars"] = scalars
+            samples.append(sample)
+        return samples
+
+    def __getitem__(self, index: int) -> dict:
+        sample = self.__getitems__([index])[0]
+        return {key: value.clone() for key, value in sample.items()}  # not views of a one-sample batch
+
+    def __repr__(self) -> str:
+        return f"<{self.__class__.__name__}: {self.dataset_dir}, {self.len} samples>"
+
+
+def fast_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "valid")) -> dict:
+    """FastWellDataset per split, the drop-in for `wellfno.data.well_datasets`."""
+    from wellfno.data import trajectory_length
+
+    for split in splits:
+        length = trajectory_length(dataset_dir, split)
+        if n_steps_input + 1 > length:
+            raise UserError(f"--n-steps-input {n_steps_input} is too long: the {split} trajectories have "
+                            f"{length} frames, so at most {length - 1} input steps fit")
+    return {split: FastWellDataset(dataset_dir, split, n_steps_input) for split in splits}
