@@ -69,7 +69,7 @@ fi
 if [ -n "${SLURM_JOB_ID:-}" ]; then
   RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID"
 else
-  RUN_DIR="$RUN_ROOT/${WF_STEP:-local}-$(date +%Y%m%d-%H%M%S)"
+  RUN_DIR="$RUN_ROOT/${WF_STEP:-$(basename "$0" .sbatch)}-$(date +%Y%m%d-%H%M%S)"
 fi
 mkdir -p "$RUN_DIR" || wf_die "cannot create run folder $RUN_DIR; check RUN_ROOT in slurm/site.env"
 export RUN_DIR DATASET_DIR DEVICE
