@@ -26,7 +26,7 @@ H, W = 6, 5  # not square, to catch swapped axes
 
 
 def make_dataset(root: Path, files=FILES, seed: int = 0) -> Path:
-    """A Well-format dataset: scalar, 1e4 +- 1e-2, time-constant, vector and tensor fields."""
+    """A Well-format dataset: scalar, 1e4 +- 1e-2, steadily growing (float64), time-constant, vector, tensor fields."""
     rng = np.random.default_rng(seed)
     for i, (n_traj, n_time) in enumerate(files):
         drift = np.linspace(0, 3, n_time, dtype=np.float32)[None, :, None, None]  # nonzero mean_delta
@@ -36,6 +36,8 @@ def make_dataset(root: Path, files=FILES, seed: int = 0) -> Path:
             t0_fields={
                 "u": (rng.normal(2.0, 1.5, (n_traj, n_time, H, W)) + drift).astype(np.float32),
                 "pressure": (1e4 + 1e-2 * rng.standard_normal((n_traj, n_time, H, W))).astype(np.float32),
+                # steady growth: mean_delta 1e3 >> std_delta ~1e-3, where a one-pass sum of squares fails
+                "ramp": 1e3 * np.arange(n_time)[None, :, None, None] + 1e-3 * rng.standard_normal((n_traj, n_time, H, W)),
                 "mask": rng.uniform(0, 1, (n_traj, H, W)).astype(np.float32),
             },
             t1_fields={"velocity": rng.normal([0.5, -3.0], [0.1, 2.0], (n_traj, n_time, H, W, 2)).astype(np.float32)},
@@ -103,6 +105,7 @@ def test_serial_matches_float64_reference(dataset, monkeypatch, chunk_mb, block_
     assert S.max_relative_difference(without_loss_weight(got), ref) <= 1e-10
     # the 1e4 +- 1e-2 field keeps its small spread (float32 E[x^2]-E[x]^2 gives garbage here)
     assert 0.008 < got["std"]["pressure"] < 0.012
+    assert 1e-3 < got["std_delta"]["ramp"] < 2e-3  # sqrt(2) * 1e-3, not cancellation noise
     assert "mask" not in got["mean_delta"] and "mask" in got["mean"]
 
 
@@ -118,8 +121,9 @@ def test_layout_is_the_wells(dataset):
 
 def test_loss_weight_inverse_std_delta_squared_mean_one(dataset):
     got = S.compute_dataset_stats(dataset)
-    weights = np.concatenate([np.ravel(got["loss_weight"][n]) for n in ("u", "pressure", "velocity", "stress")])
-    std_delta = np.concatenate([np.ravel(got["std_delta"][n]) for n in ("u", "pressure", "velocity", "stress")])
+    names = ("u", "pressure", "ramp", "velocity", "stress")
+    weights = np.concatenate([np.ravel(got["loss_weight"][n]) for n in names])
+    std_delta = np.concatenate([np.ravel(got["std_delta"][n]) for n in names])
     assert weights.mean() == pytest.approx(1.0, rel=1e-12)
     np.testing.assert_allclose(weights * std_delta**2, (weights * std_delta**2)[0], rtol=1e-12)
     assert set(got["loss_weight"]) == set(got["std_delta"])  # time-constant fields are not predicted
@@ -225,22 +229,18 @@ def test_output_loads_in_the_wells_normalizations(dataset, tmp_path, norm):
     raw = WellDataset(path=str(dataset), well_split_name="train", n_steps_input=1, n_steps_output=1)
     sample, raw_sample = ds[0], raw[0]
     stats = yaml.safe_load((dataset / "stats.yaml").read_text())
-    # input_fields channels: u, pressure, velocity_x, velocity_y, stress_xx, stress_xy, stress_yx, stress_yy
-    if norm == "ZScoreNormalization":
-        shift = [stats["mean"]["u"], stats["mean"]["pressure"], *stats["mean"]["velocity"],
-                 *np.ravel(stats["mean"]["stress"])]
-        scale = [stats["std"]["u"], stats["std"]["pressure"], *stats["std"]["velocity"],
-                 *np.ravel(stats["std"]["stress"])]
-    else:
-        shift = [0.0] * 8
-        scale = [stats["rms"]["u"], stats["rms"]["pressure"], *stats["rms"]["velocity"],
-                 *np.ravel(stats["rms"]["stress"])]
+    # input_fields channels: u, pressure, ramp, velocity_x, velocity_y, stress_xx, stress_xy, stress_yx, stress_yy
+    def channels(key):
+        return [stats[key]["u"], stats[key]["pressure"], stats[key]["ramp"], *stats[key]["velocity"],
+                *np.ravel(stats[key]["stress"])]
+
+    shift, scale = (channels("mean"), channels("std")) if norm == "ZScoreNormalization" else ([0.0] * 9, channels("rms"))
     expected = (raw_sample["input_fields"].double() - torch.tensor(shift)) / torch.tensor(scale)
     # the_well normalizes in float32: near 1e4 one float32 step (~1e-3) is 0.1 of pressure's std
     float32_step = torch.tensor([np.spacing(np.float32(abs(m) + abs(v))) for m, v in zip(shift, scale)])
     atol = 4 * float32_step.double() / torch.tensor(scale) + 1e-5
     assert torch.all((sample["input_fields"].double() - expected).abs() <= atol)
-    assert sample["input_fields"].shape[-1] == 8
+    assert sample["input_fields"].shape[-1] == 9
     assert math.isfinite(float(sample["output_fields"].abs().max()))
 
 

@@ -33,6 +33,7 @@ from typing import Iterator
 import h5py
 import numpy as np
 import yaml
+from threadpoolctl import threadpool_limits
 
 from wellfno.cli import UserError, atomic_write_text
 
@@ -95,8 +96,27 @@ def vector_moments(values: np.ndarray, scratch: np.ndarray | None = None) -> tup
         return 0.0, 0.0, 0.0
     mean = values.sum() / n  # numpy sums contiguous float64 pairwise: error ~ eps * log n
     dev = np.subtract(values, mean, out=None if scratch is None else scratch[:n])
-    # einsum, not np.dot: a multithreaded BLAS spin-waits on a busy node and runs 50x slower
-    return float(n), float(mean), float(np.einsum("i,i->", dev, dev))
+    return float(n), float(mean), float(np.dot(dev, dev))
+
+
+def shifted_moments(values: np.ndarray, scratch: np.ndarray) -> tuple[float, float, float]:
+    """(count, mean, M2) of values that were shifted close to their mean; one pass when that is exact enough.
+
+    M2 = sum(y^2) - sum(y)^2 / n loses log10(sum(y^2) / M2) digits to cancellation. The caller
+    shifted y near its mean, so that ratio is ~1 and one pass (sum, dot) is as good as two.
+    When the shift was poor (a drifting field) the ratio exceeds 4 and we take the exact
+    two-pass route instead: speed in the common case, never a lost digit.
+    """
+    n = values.size
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    s1 = float(values.sum())
+    s2 = float(np.dot(values, values))
+    mean = s1 / n
+    m2 = s2 - s1 * mean
+    if s2 <= 4.0 * m2:
+        return float(n), mean, m2
+    return vector_moments(values, scratch)
 
 
 def merge_scalar(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -375,9 +395,11 @@ class ItemReader:
     def _accumulate(self, spec: FieldSpec, x: np.ndarray, skip: int, out: np.ndarray) -> None:
         """Moments of x[skip:] and of x[1:] - x[:-1], per component, into `out`.
 
-        The chunk is converted to float64 a block of frames at a time, in buffers that
-        stay in cache and are reused (fresh large arrays cost page faults and memory
-        bandwidth); the previous block's last frame is carried for the first delta.
+        A block of frames at a time is converted to float64 *and shifted* by a float32
+        number near the data (the first frame's mean, rounded to float32) in one pass,
+        into buffers that stay in cache and are reused. Shifting by a float32 number keeps
+        float32 data exact, so differences of shifted values are the exact deltas. The
+        previous block's last frame is carried for the first delta of the next block.
         """
         n_frames, k = x.shape[0], spec.n_components
         frames = x.reshape(n_frames, -1, k)
@@ -386,20 +408,23 @@ class ItemReader:
         values, deltas, scratch = self._buffers((per_block + 1) * points)
         vs, ds = self.plan.value_slices[spec.name], self.plan.delta_slices.get(spec.name)
         for c in range(k):
+            shift = np.float64(np.float32(frames[skip if skip < n_frames else 0, :, c].mean(dtype=np.float64)))
+            if not np.isfinite(shift):
+                shift = np.float64(0.0)
             value_m = delta_m = (0.0, 0.0, 0.0)
             for f0 in range(0, n_frames, per_block):
                 f1 = min(n_frames, f0 + per_block)
                 block = values[points:(f1 - f0 + 1) * points]  # values[:points] holds frame f0 - 1
-                np.copyto(block.reshape(f1 - f0, points), frames[f0:f1, :, c])
+                np.subtract(frames[f0:f1, :, c], shift, out=block.reshape(f1 - f0, points))
                 counted = block[max(skip - f0, 0) * points:]
-                value_m = merge_scalar(value_m, vector_moments(counted, scratch))
+                n, mean, m2 = shifted_moments(counted, scratch)
+                value_m = merge_scalar(value_m, (n, mean + float(shift), m2))
                 if ds is not None:
-                    # float32 values differ exactly in float64, so deltas carry no rounding of their own
                     if f0 == 0:
                         d = np.subtract(block[points:], block[:-points], out=deltas[:block.size - points])
                     else:
                         d = np.subtract(block, values[:block.size], out=deltas[:block.size])
-                    delta_m = merge_scalar(delta_m, vector_moments(d, scratch))
+                    delta_m = merge_scalar(delta_m, shifted_moments(d, scratch))
                 values[:points] = block[-points:]
             out[:, vs.start + c] = value_m
             if ds is not None:
@@ -409,7 +434,9 @@ class ItemReader:
 def reduce_range(plan: Plan, start: int, stop: int, should_stop=None) -> PairwiseReducer:
     """Moments of items [start, stop), reduced to aligned blocks. `should_stop()` is polled per item."""
     reducer = PairwiseReducer()
-    with ItemReader(plan) as reader:
+    # One BLAS thread: a multithreaded BLAS spin-waits on a busy node and runs 50x slower,
+    # and under torchrun/srun every core already has its rank.
+    with threadpool_limits(1, user_api="blas"), ItemReader(plan) as reader:
         for i in range(start, stop):
             if should_stop is not None and should_stop():
                 break
