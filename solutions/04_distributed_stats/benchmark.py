@@ -173,7 +173,9 @@ def main() -> int:
     raw1 = rows[0]["seconds"]
     dist1 = next((r["seconds"] for r in rows if r["name"].startswith("distributed") and r["ranks"] == 1), None)
     print()
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores; train split {gb:.2f} GB "
+    load = os.getloadavg()[0]
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {load:.1f} at the end "
+          f"(other work on the cores skews scaling); train split {gb:.2f} GB "
           f"({len(plan.items)} items, {len(plan.files)} files)")
     print(f"| {'what':34s} | script s | wall s | GB/s | vs raw read | scaling eff. |")
     print(f"|{'-' * 36}|---------:|-------:|-----:|------------:|-------------:|")
@@ -188,7 +190,8 @@ def main() -> int:
     print(f"max relative difference vs serial: " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items()))
     print("bitwise identical to serial: " + ", ".join(f"{k} {v}" for k, v in identical.items()))
     atomic_write_json(args.json, {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
-                                              "python": platform.python_version()},
+                                              "python": platform.python_version(),
+                                              "load_average_at_end": load},
                                   "dataset": {"path": str(args.dataset_dir or "synthetic"), "gigabytes": gb,
                                               "items": len(plan.items), "files": len(plan.files)},
                                   "rows": rows, "max_rel_diff_vs_serial": agreement,
