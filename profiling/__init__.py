@@ -1,0 +1,1 @@
+"""Tools for torch.profiler traces (exercise 01) and data-pipeline benchmarks (exercise 02)."""
