@@ -13,9 +13,10 @@ How it is computed, and why:
   ranks. An item reads its frames plus the frame before (one frame of overlap),
   so the delta (t-1 -> t) is counted by the item that holds t: exactly once,
   also across chunk and rank boundaries. Memory stays bounded by one chunk.
-- Each item reduces to (count, mean, M2) per channel in float64 (two passes over
-  the in-memory chunk: mean, then squared deviations), never E[x^2] - E[x]^2,
-  which loses every digit of a field like 1e4 +- 1e-2.
+- Each item reduces to (count, mean, M2) per channel in float64, never through
+  E[x^2] - E[x]^2 of raw values, which loses every digit of a field like
+  1e4 +- 1e-2: values are shifted by a number near their mean first, and a block
+  whose sums would still cancel is redone exactly in two passes (`shifted_moments`).
 - Items are merged with Chan et al.'s pairwise formula along a fixed binary tree
   over item indices (aligned power-of-two blocks). A rank that owns a contiguous
   range of items reduces it to at most 2*64 aligned blocks - a fixed-size
