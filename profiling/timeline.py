@@ -58,7 +58,7 @@ def draw(trace_path: str | Path, png: str | Path | None = None) -> Path:
     t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
     main_lane = (steps[0]["pid"], steps[0]["tid"])
     window = [e for e in traces.complete_events(trace) if e["ts"] < t1 and e["ts"] + e["dur"] > t0
-              and not traces.STEP_RE.match(str(e.get("name", "")))]
+              and not traces.STEP_RE.match(str(e.get("name", ""))) and e.get("cat") != "Trace"]  # Trace: whole window
     lanes = {}
     for e in window:
         lanes.setdefault((e.get("pid"), e.get("tid")), []).append(e)
@@ -67,7 +67,7 @@ def draw(trace_path: str | Path, png: str | Path | None = None) -> Path:
     order = sorted(lanes, key=lambda k: (k != main_lane, k[0] in device_pids, str(k)))
     names = lane_names(trace)
 
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * len(order)))
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.5 * max(len(order), 3)))
     for row, key in enumerate(order):
         labelled = [e for e in lanes[key] if e.get("cat") == "user_annotation"]
         shown = traces.labelled_ranges(trace, *key) if labelled else outermost(lanes[key])
@@ -78,15 +78,16 @@ def draw(trace_path: str | Path, png: str | Path | None = None) -> Path:
     for step in steps:
         x = (step["ts"] - t0) / 1e3
         ax.axvline(x, color="k", linestyle="--", linewidth=0.7)
-        ax.text(x, len(order) - 0.45, f" #{traces.step_number(step)}", fontsize=8, va="bottom")
+        ax.text(x, 1.0, f" #{traces.step_number(step)}", fontsize=8, va="bottom", transform=ax.get_xaxis_transform())
     ax.set_yticks(range(len(order)))
     ax.set_yticklabels([names.get(k, f"pid {k[0]} / tid {k[1]}")[:40] for k in order], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, (t1 - t0) / 1e3)
     ax.set_xlabel("ms since the first profiled step")
-    ax.set_title(f"{trace_path.name}: ProfilerStep#{traces.step_number(steps[0])}-#{traces.step_number(steps[-1])}")
+    ax.set_title(f"{trace_path.name}: ProfilerStep#{traces.step_number(steps[0])}-#{traces.step_number(steps[-1])}",
+                 pad=14)
     ax.legend(handles=[Patch(color=c, label=p or "other / unlabelled") for p, c in COLOURS.items()],
-              loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(order) < 3 else -0.15), ncol=6, fontsize=8)
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
