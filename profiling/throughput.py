@@ -185,11 +185,11 @@ def measure_readers(datasets: dict, args, rounds: int) -> dict:
     well = datasets.get("well") or data.well_datasets(args.dataset_dir, args.n_steps_input)["train"]
     order = torch.randperm(len(fast), generator=torch.Generator().manual_seed(args.seed)).tolist()
     files = [h5py.File(path, "r") for path in fast.files_paths]
-    fields = [[f[group][name] for group, name, _ in fast._fields] for f in files]
+    fields = [[f[group][name] for group, name, _ in fast.field_layout] for f in files]
 
     def raw(indices):  # what any reader must at least do: one slice per field and window
-        for index in indices:
-            file_idx, trajectory, start = fast.locate(index)
+        files, trajectories, starts = fast.locate(indices)
+        for file_idx, trajectory, start in zip(files.tolist(), trajectories.tolist(), starts.tolist()):
             for dset in fields[file_idx]:
                 dset[trajectory, start:start + fast.window]
 

@@ -86,25 +86,26 @@ class FastWellDataset(Dataset):
             stats = yaml.safe_load((self.dataset_dir / "stats.yaml").read_text())
             norm = ZScoreNormalization(stats, self.core_field_names, [], min_denom=min_std)
             means, stds = [], []
-            for _, field, component_shape in self._fields:
+            for _, field, component_shape in self.field_layout:
                 for source, out in ((norm.means[field], means), (norm.stds[field], stds)):
                     out.append(torch.broadcast_to(source, component_shape).reshape(-1))
             self.channel_mean, self.channel_std = torch.cat(means), torch.cat(stds)
-        self._open_pid, self._datasets = None, None
+            self._mean, self._std = self.channel_mean.numpy(), self.channel_std.numpy()  # numpy float32 scalars
+        self._open_pid, self._datasets, self._buffers_pid, self._buffers = None, None, None, {}
 
     def _read_layout(self, f: h5py.File, path) -> None:
         """Field names in WellDataset's channel order: t0, then t1, then t2 fields, components last."""
         spatial_dims = [d.decode() if isinstance(d, bytes) else d for d in f["dimensions"].attrs["spatial_dims"]]
         self.n_spatial_dims = len(spatial_dims)
         self.field_names = {order: [] for order in range(3)}
-        self.core_field_names, self._fields, dtypes = [], [], set()
+        self.core_field_names, self.field_layout, dtypes = [], [], set()
         for order, group in enumerate(FIELD_GROUPS):
             for name in f[group].attrs["field_names"]:
                 dset = f[group][name]
                 if not (dset.attrs["time_varying"] and dset.attrs["sample_varying"] and all(dset.attrs["dim_varying"])):
                     raise _unsupported(path, f"field {group}/{name} is constant in time, sample or space")
                 component_shape = dset.shape[2 + self.n_spatial_dims:]
-                self._fields.append((group, name, component_shape))
+                self.field_layout.append((group, name, component_shape))
                 self.core_field_names.append(name)
                 # Component names as WellDataset builds them: A, or u_x, u_y, or S_xx, S_xy, ...
                 for dims in itertools.product(spatial_dims, repeat=order):
@@ -113,7 +114,7 @@ class FastWellDataset(Dataset):
         if len(dtypes) != 1:
             raise _unsupported(path, f"fields of several dtypes ({sorted(map(str, dtypes))})")
         self.dtype = dtypes.pop()
-        self.spatial_shape = f[self._fields[0][0]][self._fields[0][1]].shape[2:2 + self.n_spatial_dims]
+        self.spatial_shape = f[self.field_layout[0][0]][self.field_layout[0][1]].shape[2:2 + self.n_spatial_dims]
         self.n_channels = len([n for names in self.field_names.values() for n in names])
 
     @staticmethod
@@ -132,55 +133,79 @@ class FastWellDataset(Dataset):
 
     def __getstate__(self):
         # Open HDF5 handles cannot be pickled (spawned workers) and must not be shared after a fork.
-        return {**self.__dict__, "_open_pid": None, "_datasets": None}
+        return {**self.__dict__, "_open_pid": None, "_datasets": None, "_buffers_pid": None, "_buffers": {}}
 
     def _open(self):
         """HDF5 datasets of this process, opened on first use after a fork."""
         if self._open_pid != os.getpid():
             files = [h5py.File(path, "r") for path in self.files_paths]
-            self._datasets = [[f[group][name] for group, name, _ in self._fields] for f in files]
+            self._datasets = [[f[group][name] for group, name, _ in self.field_layout] for f in files]
             self._open_pid = os.getpid()
         return self._datasets
 
-    def locate(self, index: int) -> tuple[int, int, int]:
-        """Sample index -> (file, trajectory in the file, first frame), as WellDataset counts them."""
-        if not 0 <= index < self.len:
-            raise IndexError(f"index {index} out of range for {self.len} samples")
-        file_idx = int(np.searchsorted(self.file_offsets, index, side="right") - 1)
-        local = index - int(self.file_offsets[file_idx])
-        windows = int(self.windows_per_trajectory[file_idx])
-        return file_idx, local // windows, local % windows
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample indices -> (file, trajectory in the file, first frame) arrays, as WellDataset counts them."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if indices.size and not (0 <= indices.min() and indices.max() < self.len):
+            raise IndexError(f"index out of range for {self.len} samples: {indices.tolist()}")
+        files = np.searchsorted(self.file_offsets, indices, side="right") - 1
+        local = indices - self.file_offsets[files]
+        windows = self.windows_per_trajectory[files]
+        return files, local // windows, local % windows
 
-    def read_windows(self, indices) -> np.ndarray:
-        """Raw (un-normalized) windows (B, window, *spatial, C): one contiguous slice per field and sample."""
+    def _read_buffers(self, batch_size: int) -> list[np.ndarray]:
+        """Per field, a (B, window, *spatial, *components) array this process reuses from batch to batch.
+
+        Fresh multi-MB arrays per batch cost more than the reads themselves at 128x128: every
+        page of them is faulted in and zeroed by the kernel again.
+        """
+        if self._buffers_pid != os.getpid() or len(self._buffers) > 4:
+            self._buffers, self._buffers_pid = {}, os.getpid()
+        if batch_size not in self._buffers:
+            self._buffers[batch_size] = [np.empty((batch_size, self.window, *self.spatial_shape, *components),
+                                                  dtype=self.dtype) for _, _, components in self.field_layout]
+        return self._buffers[batch_size]
+
+    def read_fields(self, files, trajectories, starts) -> list[np.ndarray]:
+        """Per field, the raw windows (B, window, *spatial, *components): one contiguous slice each.
+
+        The arrays are this process's reusable buffers: the next call overwrites them.
+        """
         datasets = self._open()
-        out = np.empty((len(indices), self.window, *self.spatial_shape, self.n_channels), dtype=self.dtype)
-        for b, index in enumerate(indices):
-            file_idx, trajectory, start = self.locate(int(index))
-            channel = 0
-            for dset, (_, _, component_shape) in zip(datasets[file_idx], self._fields):
-                block = dset[trajectory, start:start + self.window]
-                width = int(np.prod(component_shape, dtype=int))
-                out[b, ..., channel:channel + width] = block.reshape(*block.shape[:1 + self.n_spatial_dims], width)
-                channel += width
-        return out
+        buffers = self._read_buffers(len(files))
+        for b, (file_idx, trajectory, start) in enumerate(zip(files.tolist(), trajectories.tolist(), starts.tolist())):
+            for buffer, dset in zip(buffers, datasets[file_idx]):
+                buffer[b] = dset[trajectory, start:start + self.window]
+        return buffers
 
     def __getitems__(self, indices) -> list[dict]:
         """A batch of samples; DataLoader calls this with all the indices of a batch at once."""
-        raw = self.read_windows(indices)
-        if self.channel_mean is not None:
-            # The same float32 (x - mean) / std as WellDataset's per-field normalize: bitwise equal values.
-            # In numpy, one channel at a time: a torch op broadcasting over a last dim of 2 channels is
-            # ~50x slower, and its thread pool stalls when DataLoader workers hold the other cores.
-            for channel, (mean, std) in enumerate(zip(self.channel_mean.numpy(), self.channel_std.numpy())):
-                view = raw[..., channel]
-                np.subtract(view, mean, out=view)
-                np.divide(view, std, out=view)
-        windows = torch.from_numpy(raw)
+        files, trajectories, starts = self.locate(indices)
+        if not len(files):
+            return []
+        fields = self.read_fields(files, trajectories, starts)
+        normalize = self.channel_mean is not None
+        dtype = np.result_type(self.dtype, np.float32) if normalize else self.dtype
+        out = np.empty((len(files), self.window, *self.spatial_shape, self.n_channels), dtype=dtype)
+        channel = 0
+        for field in fields:
+            components = field.reshape(*field.shape[:2 + self.n_spatial_dims], -1)
+            for k in range(components.shape[-1]):
+                component = components[..., k]
+                if normalize:
+                    # The same float32 (x - mean) / std as WellDataset's per-field normalize, so bitwise
+                    # equal values. In place on the field's own (contiguous) buffer, one channel at a
+                    # time: a torch op broadcasting over a last dim of 2 channels is ~50x slower, and
+                    # its thread pool stalls when DataLoader workers hold the other cores.
+                    np.subtract(component, self._mean[channel], out=component)
+                    np.divide(component, self._std[channel], out=component)
+                out[..., channel] = component  # interleave: WellDataset puts channels last
+                channel += 1
+        windows = torch.from_numpy(out)
         samples = []
-        for b, index in enumerate(indices):
+        for b, file_idx in enumerate(files.tolist()):
             sample = {"input_fields": windows[b, :self.n_steps_input], "output_fields": windows[b, self.n_steps_input:]}
-            scalars = self.constant_scalars[self.locate(int(index))[0]]
+            scalars = self.constant_scalars[file_idx]
             if scalars is not None:
                 sample["constant_scalars"] = scalars
             samples.append(sample)
