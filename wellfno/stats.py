@@ -503,9 +503,17 @@ def compute_dataset_stats(dataset_dir: str | Path, split: str = "train", chunk_b
     return stats_from_moments(plan, total)
 
 
+class _StatsDumper(yaml.SafeDumper):
+    """Block style for the key -> field maps (as the_well's files), one line per component list."""
+
+
+_StatsDumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
+
+
 def format_stats_yaml(stats: dict) -> str:
     # PyYAML writes floats with repr(): the shortest string that reads back to the same float64.
-    return yaml.safe_dump(stats, sort_keys=False, default_flow_style=None, width=1000)
+    return yaml.dump(stats, Dumper=_StatsDumper, sort_keys=False, default_flow_style=False, width=1000)
 
 
 def write_stats_yaml(stats: dict, path: str | Path) -> Path:
