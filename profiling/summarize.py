@@ -127,16 +127,18 @@ def format_steps(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def print_summary(trace: dict, top: int = 10, path: Path | None = None) -> dict:
+def print_summary(path: str | Path, top: int = 10) -> dict:
+    """Load a trace file, print its summary; return the loaded trace (to draw it without reading it again)."""
+    path = Path(path)
+    trace = traces.load(path)
     result = summarize(trace, top)
     print("Time per profiled step (ms; the parts add up to the step):")
     print(format_steps(result["steps"]))
     if result["gpu_busy"] is not None:
         print("GPU busy (device work on any stream / step wall time): " +
               "  ".join(f"#{r['step']} {100 * r['busy']:.0f}%" for r in result["gpu_busy"]))
-        if path is not None:
-            print("HolisticTraceAnalysis temporal breakdown (whole trace):")
-            print(hta_temporal_breakdown(path))
+        print("HolisticTraceAnalysis temporal breakdown (whole trace):")
+        print(hta_temporal_breakdown(path))
     else:
         print("No device kernels in this trace (CPU run): no GPU busy fraction.")
     for kind in ("device", "host"):
@@ -144,7 +146,7 @@ def print_summary(trace: dict, top: int = 10, path: Path | None = None) -> dict:
             print(f"Top {kind} operators by self time in the profiled steps:")
             for r in result["top"][kind]:
                 print(f"  {r['self_ms']:9.2f} ms  {r['calls']:5d} calls  {r['name'][:90]}")
-    return result
+    return trace
 
 
 def main(argv=None):
@@ -153,10 +155,9 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=10, help="operators to list")
     p.add_argument("--json", help="also write the summary to this JSON file")
     args = p.parse_args(argv)
-    path = Path(args.trace)
-    result = print_summary(traces.load(path), args.top, path)
+    trace = print_summary(args.trace, args.top)
     if args.json:
-        atomic_write_json(args.json, result)
+        atomic_write_json(args.json, summarize(trace, args.top))
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ def outermost(events: list[dict]) -> list[dict]:
     return kept
 
 
-def draw(trace_path: str | Path, png: str | Path | None = None) -> Path:
-    """Write the timeline next to the trace (or to `png`); return its path."""
+def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | None = None) -> Path:
+    """Write the timeline next to the trace (or to `png`); return its path. `trace`: already loaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,7 +53,7 @@ def draw(trace_path: str | Path, png: str | Path | None = None) -> Path:
 
     trace_path = Path(trace_path)
     png = Path(png) if png else trace_path.with_name(trace_path.name.split(".json")[0] + "_timeline.png")
-    trace = traces.load(trace_path)
+    trace = trace or traces.load(trace_path)
     steps = traces.profiler_steps(trace)
     t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
     main_lane = (steps[0]["pid"], steps[0]["tid"])

@@ -64,16 +64,22 @@ def save(prof, path: str | os.PathLike, rank: int = 0) -> Path:
     """on_trace_ready helper: export the window gzipped and atomically, tagged with the rank.
 
     `distributedInfo.rank` is where HolisticTraceAnalysis and merge_traces.py read the rank;
-    torch only writes it when torch.distributed is initialised.
+    torch only writes it itself when torch.distributed is initialised.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not torch_wrote_rank(prof):
+        prof.add_metadata_json("distributedInfo", json.dumps({"rank": rank}))
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trace-") as tmp:
         raw = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(raw))
-        trace = json.loads(raw.read_text())
-    trace.setdefault("distributedInfo", {}).setdefault("rank", rank)
-    return atomic_write_bytes(path, gzip.compress(json.dumps(trace).encode(), compresslevel=6))
+        return atomic_write_bytes(path, gzip.compress(raw.read_bytes(), compresslevel=6))
+
+
+def torch_wrote_rank(prof) -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def complete_events(trace: dict) -> list[dict]:

@@ -145,7 +145,7 @@ def main(argv=None):
         activities = [ProfilerActivity.CPU]
         if device.type == "cuda":  # kernels and copies on the GPU (ROCm builds too); never asked for on CPU
             activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=True, profile_memory=args.profile_memory,
+        prof = profile(activities=activities, profile_memory=args.profile_memory,
                        with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace, rank),
                        schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
                                          active=args.profile_active, repeat=1))
@@ -172,8 +172,8 @@ def main(argv=None):
             raise UserError(f"the run ended after {step} steps, before the profiled window: raise --epochs")
         sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-        summarize.print_summary(traces.load(trace), path=trace)
-        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace)}")
+        loaded = summarize.print_summary(trace)
+        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")
         return
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
