@@ -1,0 +1,98 @@
+"""Exercise 02, check your work: DataLoader workers, pinning, prefetching, the fast reader.
+
+    .venv/bin/python -m pytest -q tests/test_02_data_pipeline.py --script fno.py   # your edited script
+
+Without --script this tests solutions/02_data_pipeline/fno.py.
+"""
+import importlib.util
+import json
+
+import pytest
+
+from conftest import run_script, script_under_test
+from wellfno.cli import UserError
+
+SOLUTION = "solutions/02_data_pipeline/fno.py"
+FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def script(request):
+    path = script_under_test(request, SOLUTION)
+    assert path.is_file(), f"{path} does not exist"
+    return path
+
+
+@pytest.fixture(scope="module")
+def fno(script):
+    """The script under test, imported as a module, so its main(argv) runs in this process."""
+    spec = importlib.util.spec_from_file_location(f"fno_under_test_{abs(hash(script))}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train(fno, data_dir, out, *options):
+    fno.main(["--data-dir", str(data_dir), "--out", str(out), *FAST, *map(str, options)])
+    return json.loads((out / "metrics.json").read_text())
+
+
+def losses(metrics):
+    return [(h["train_loss"], h["valid_loss"]) for h in metrics["history"]] + [metrics["rollout_vrmse"]]
+
+
+@pytest.fixture(scope="module")
+def reference(fno, tiny_data_dir, tmp_path_factory):
+    """The plain run: no workers, WellDataset, 2 input steps."""
+    return train(fno, tiny_data_dir, tmp_path_factory.mktemp("reference"), "--n-steps-input", 2)
+
+
+def test_workers_see_the_same_batches_as_the_main_process(fno, reference, tiny_data_dir, tmp_path):
+    """Seeded shuffle and workers: 2 workers, pinned, prefetching 4 train exactly like 0 workers."""
+    tuned = train(fno, tiny_data_dir, tmp_path / "w2", "--n-steps-input", 2, "--num-workers", 2,
+                  "--prefetch-factor", 4, "--persistent-workers", "--pin-memory")
+    assert tuned["config"]["num_workers"] == 2
+    assert losses(tuned) == losses(reference)  # bitwise: same samples, same order, same arithmetic
+
+
+def test_two_epochs_with_persistent_workers(fno, tiny_data_dir, tmp_path):
+    metrics = train(fno, tiny_data_dir, tmp_path / "run", "--num-workers", 1, "--persistent-workers",
+                    "--epochs", 2, "--max-steps", 0)
+    assert [h["epoch"] for h in metrics["history"]] == [1, 2]
+    assert metrics["history"][0]["samples"] == metrics["history"][1]["samples"] > 0  # whole epochs, twice
+
+
+def test_worker_options_without_workers_run(fno, tiny_data_dir, tmp_path):
+    # DataLoader raises ValueError for prefetch_factor / persistent_workers with num_workers=0.
+    metrics = train(fno, tiny_data_dir, tmp_path / "run", "--num-workers", 0, "--prefetch-factor", 4,
+                    "--persistent-workers")
+    assert metrics["history"][0]["samples"] == 12
+
+
+def test_pin_memory_on_cpu_is_a_one_line_note(script, tiny_data_dir, tmp_path):
+    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "run", *FAST, "--device", "cpu",
+                        "--pin-memory", env={"PYTHONWARNINGS": "default"})
+    assert result.returncode == 0, result.stderr
+    said = (result.stdout + result.stderr).replace(str(tmp_path), "")
+    notes = [line for line in said.splitlines() if "pin" in line.lower()]
+    assert len(notes) == 1, notes  # yours, not torch's "'pin_memory' argument is set as true" warning as well
+
+
+@pytest.mark.parametrize("options", [["--num-workers", -1], ["--prefetch-factor", 0, "--num-workers", 1]])
+def test_impossible_values_are_user_errors(fno, tmp_path, options):
+    with pytest.raises(UserError):
+        fno.main(["--data-dir", str(tmp_path), *map(str, options)])
+
+
+def test_negative_workers_is_one_line_error(script, tmp_path):
+    result = run_script(script, "--data-dir", tmp_path, "--num-workers", "-2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--num-workers" in lines[0]
+
+
+def test_fast_reader_trains_exactly_like_welldataset(script, fno, reference, tiny_data_dir, tmp_path):
+    if "--fast-reader" not in script.read_text():
+        pytest.skip("optional task: --fast-reader not in this script")
+    fast = train(fno, tiny_data_dir, tmp_path / "fast", "--n-steps-input", 2, "--fast-reader", "--num-workers", 2)
+    assert losses(fast) == losses(reference)
