@@ -1,0 +1,160 @@
+"""profiling/: summary, timeline and merge on real torch.profiler traces (made in-process, tiny) and
+on hand-written GPU traces whose answers are known."""
+import gzip
+import json
+import time
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from conftest import run_script
+from profiling import merge_traces, summarize, timeline, traces
+
+ACTIVE = 3
+
+
+def make_trace(path, rank=0):
+    """A real CPU trace: 5 steps, the last 3 recorded, every part labelled, 1 ms unlabelled per step."""
+    model = torch.nn.Linear(32, 32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1),
+                 on_trace_ready=lambda p: traces.save(p, path, rank)) as prof:
+        for _ in range(5):
+            with record_function("data_wait"):
+                time.sleep(0.002)  # a DataLoader that takes 2 ms
+                x = torch.randn(64, 32)
+            with record_function("h2d_copy"):
+                x = x.to("cpu", copy=True)
+            with record_function("forward"):
+                loss = model(x).pow(2).mean()
+            with record_function("backward"):
+                optimizer.zero_grad()
+                loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+            time.sleep(0.001)  # unlabelled: lands in `rest`
+            prof.step()
+    return path
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory):
+    return make_trace(tmp_path_factory.mktemp("trace") / "trace_rank0_steps2-4.json.gz")
+
+
+def read(path):
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def test_saved_trace_is_gzipped_chrome_json_tagged_with_the_rank(cpu_trace):
+    trace = read(cpu_trace)
+    steps = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    assert [e["name"] for e in steps] == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    assert trace["distributedInfo"]["rank"] == 0
+
+
+def test_step_parts_add_up_to_the_profiler_steps(cpu_trace):
+    durations_ms = {int(e["name"].split("#")[1]): e["dur"] / 1e3 for e in read(cpu_trace)["traceEvents"]
+                    if e.get("name", "").startswith("ProfilerStep#")}
+    rows = summarize.step_breakdown(traces.load(cpu_trace))
+    assert [r["step"] for r in rows] == sorted(durations_ms)
+    for r in rows:
+        parts = sum(r[c] for c in summarize.COLUMNS)
+        assert parts == pytest.approx(durations_ms[r["step"]], rel=0.05)
+        assert r["data_wait"] >= 1.9 and r["rest"] >= 0.9, r  # the sleeps land where they belong
+        assert min(r["h2d_copy"], r["forward"], r["backward"], r["optimizer"]) > 0, r
+
+
+def test_nested_labels_are_not_counted_twice():
+    def x(name, ts, dur, cat="user_annotation"):
+        return dict(ph="X", name=name, cat=cat, ts=ts, dur=dur, pid=1, tid=1)
+
+    trace = {"traceEvents": [x("ProfilerStep#0", 0, 1000), x("next batch", 0, 300), x("forward", 300, 500),
+                             x("forward/encoder", 350, 200), x("my_label", 800, 100)]}
+    (row,) = summarize.step_breakdown(trace)
+    assert (row["data_wait"], row["forward"], row["rest"]) == (0.3, 0.5, 0.2)  # unknown label -> rest
+
+
+def gpu_trace():
+    """Two 1 ms steps on the host; stream kernels busy 0.4 ms of step 0 and 0.1 ms of step 1."""
+    def x(name, cat, ts, dur, pid=1, tid=1):
+        return dict(ph="X", name=name, cat=cat, ts=ts, dur=dur, pid=pid, tid=tid)
+
+    return {"traceEvents": [
+        x("ProfilerStep#5", "user_annotation", 0, 1000), x("ProfilerStep#6", "user_annotation", 1000, 1000),
+        x("forward", "user_annotation", 0, 900),
+        x("void gemm", "kernel", 100, 200, pid=0, tid=7), x("void gemm", "kernel", 200, 200, pid=0, tid=8),
+        x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 600, 100, pid=0, tid=7),
+        x("void relu", "kernel", 1950, 100, pid=0, tid=7),  # half inside step 6, half after it
+    ]}
+
+
+def test_gpu_busy_is_the_union_of_device_work_per_step():
+    busy = summarize.gpu_busy(gpu_trace())
+    assert [(r["step"], round(r["busy"], 3)) for r in busy] == [(5, 0.4), (6, 0.05)]
+    assert summarize.gpu_busy({"traceEvents": gpu_trace()["traceEvents"][:3]}) is None
+    top = summarize.top_operators(gpu_trace())["device"]
+    assert top[0] == dict(name="void gemm", self_ms=0.4, calls=2)
+
+
+def test_top_host_operators_use_self_time(cpu_trace):
+    host = summarize.top_operators(traces.load(cpu_trace), n=50)["host"]
+    assert host and all(r["self_ms"] >= 0 for r in host)
+    names = {r["name"] for r in host}
+    assert "aten::addmm" in names or "aten::linear" in names
+
+
+def test_summary_cli_prints_the_table_and_writes_json(cpu_trace, tmp_path):
+    result = run_script("profiling/summarize.py", cpu_trace, "--json", tmp_path / "s.json")
+    assert result.returncode == 0, result.stderr
+    assert "data_wait" in result.stdout and "#4" in result.stdout and "No device kernels" in result.stdout
+    assert len(json.loads((tmp_path / "s.json").read_text())["steps"]) == ACTIVE
+
+
+def test_timeline_png_is_written(cpu_trace, tmp_path):
+    png = timeline.draw(cpu_trace, tmp_path / "t.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps(gpu_trace()))
+    assert timeline.draw(gpu).name == "gpu_timeline.png"  # next to the trace; device lanes too
+
+
+def test_merge_keeps_both_ranks_apart_on_one_clock(cpu_trace, tmp_path):
+    rank1 = read(cpu_trace)
+    rank1["distributedInfo"]["rank"] = 1
+    rank1["baseTimeNanoseconds"] = rank1.get("baseTimeNanoseconds", 0) + 10**9  # started 1 s later
+    (tmp_path / "trace_rank1.json").write_text(json.dumps(rank1))
+    out = tmp_path / "merged.json.gz"
+    result = run_script("profiling/merge_traces.py", cpu_trace, tmp_path / "trace_rank1.json", "--out", out)
+    assert result.returncode == 0, result.stderr
+    merged = read(out)
+    steps = [e for e in merged["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    assert len(steps) == 2 * ACTIVE
+    names = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    pid_rank = {pid: int(name.split(":")[0].split()[1]) for pid, name in names.items()}
+    step_pids = {pid_rank[e["pid"]]: e["pid"] for e in steps}
+    assert set(step_pids) == {0, 1} and step_pids[0] != step_pids[1]
+    first = {r: min(e["ts"] for e in steps if e["pid"] == pid) for r, pid in step_pids.items()}
+    assert first[1] - first[0] == pytest.approx(1e6, abs=1.0)  # the 1 s survives
+    assert min(e["ts"] for e in merged["traceEvents"] if e.get("ph") == "X") >= 0
+
+    aligned = merge_traces.merge([(0, traces.load(cpu_trace)), (1, rank1)], align="step")
+    starts = [min(e["ts"] for e in aligned["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+                  and pid_rank.get(e["pid"], -1) == r) for r in (0, 1)]
+    assert starts[0] == pytest.approx(starts[1], abs=1.0)
+
+
+@pytest.mark.parametrize("tool", ["summarize.py", "timeline.py", "merge_traces.py"])
+def test_bad_input_is_one_error_line(tool, tmp_path):
+    not_a_trace = tmp_path / "notes.json"
+    not_a_trace.write_text("hello")
+    no_steps = tmp_path / "empty.json"
+    no_steps.write_text(json.dumps({"traceEvents": []}))
+    for bad, says in ((tmp_path / "missing.json.gz", "no such trace file"), (not_a_trace, "not a Chrome trace"),
+                      (no_steps, "no ProfilerStep")):
+        args = [bad, "--out", tmp_path / "m.json"] if tool == "merge_traces.py" else [bad]
+        result = run_script(f"profiling/{tool}", *args)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        assert says in lines[0]
