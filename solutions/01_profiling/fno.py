@@ -142,9 +142,8 @@ def main(argv=None):
         rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         first = args.profile_wait + args.profile_warmup  # the recorded steps are ProfilerStep#first..#last
         trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        activities = [ProfilerActivity.CPU]
-        if device.type == "cuda":  # kernels and copies on the GPU (ROCm builds too); never asked for on CPU
-            activities.append(ProfilerActivity.CUDA)
+        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         prof = profile(activities=activities, profile_memory=args.profile_memory,
                        with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace, rank),
                        schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
