@@ -69,3 +69,23 @@ def test_missing_data_is_one_line_error(tmp_path):
                         "--out", tmp_path / "out")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: ")
+
+
+def test_scripts_mode_compares_training_scripts(tiny_data_dir, tmp_path):
+    out = tmp_path / "cmp"
+    result = run_script("profiling/throughput.py", "--data-dir", tiny_data_dir, "--out", out, "--repeats", "1",
+                        "--script-args", "--epochs 1 --max-steps 2 --batch-size 4",
+                        "--scripts", "fno.py", "solutions/02_data_pipeline/fno.py --num-workers 1 --fast-reader")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "scripts.json").read_text())
+    assert [r["command"] for r in report["rows"]] == ["fno.py",
+                                                      "solutions/02_data_pipeline/fno.py --num-workers 1 --fast-reader"]
+    assert all(r["samples_per_s"] > 0 for r in report["rows"]) and report["rows"][0]["vs_first"] == 1.0
+    run_config = json.loads((out / "scripts/1_round0/metrics.json").read_text())["config"]
+    assert run_config["num_workers"] == 1 and run_config["fast_reader"] and run_config["max_steps"] == 2
+    assert "| `fno.py` |" in result.stdout  # the markdown table for the README
+
+
+def test_scripts_mode_missing_script(tiny_data_dir, tmp_path):
+    with pytest.raises(UserError, match="no script 'nope.py'"):
+        throughput.main(["--data-dir", str(tiny_data_dir), "--out", str(tmp_path), "--scripts", "nope.py --x"])
