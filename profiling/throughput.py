@@ -346,6 +346,8 @@ def main(argv=None):
     compute_only = 0.0
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        # Going past the core count is the point of the sweep; torch's advice against it would repeat per loader.
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
         for round_ in range(args.repeats):
             compute_only = max(compute_only, timed(synthetic, lambda b: trainer.train(*b), device, args.warmup,
                                                    args.seconds))
