@@ -21,7 +21,7 @@ EXPLORE = REPO / "exercises" / "00_explore_the_data.ipynb"
 RESULTS = REPO / "exercises" / "results.ipynb"
 NOTEBOOKS = [EXPLORE, RESULTS]
 # Sections of the results notebook; each prints "note: no <what> under ..." when its files are missing.
-SECTIONS = ("metrics.json", "profiler traces", "throughput.json", "affinity_report.txt",
+SECTIONS = ("metrics.json", "profiler traces", "throughput.json", "scripts.json", "affinity_report.txt",
             "statistics benchmark JSON", "stats*.yaml")
 
 
@@ -84,32 +84,41 @@ def background_runs(tiny_data_dir, tmp_path_factory):
     one core each); `runs_dir` waits for them.
     """
     runs = tmp_path_factory.mktemp("runs")
-    commands = {"baseline": ["fno.py", "--data-dir", tiny_data_dir, "--out", runs / "baseline",
-                             "--epochs", "1", "--max-steps", "2"]}
-    if (REPO / "profiling" / "throughput.py").is_file():
-        commands["throughput"] = ["profiling/throughput.py", "--data-dir", tiny_data_dir, "--out", runs / "throughput",
-                                  "--workers", "0", "--readers", "fast", "--seconds", "0.2", "--repeats", "1",
-                                  "--warmup", "1"]
+    dataset_dir = tiny_data_dir / "datasets" / "gray_scott_embedded"
+    throughput = REPO / "profiling" / "throughput.py"
     benchmark = REPO / "solutions" / "04_distributed_stats" / "benchmark.py"
+    # Two chains of runs, one after the other within a chain, next to the notebook's kernel: 2 cores in CI.
+    chains = [{"baseline": ["fno.py", "--data-dir", tiny_data_dir, "--out", runs / "baseline",
+                            "--epochs", "1", "--max-steps", "2"]}, {}]
     if benchmark.is_file():
-        commands["benchmark"] = [benchmark, "--dataset-dir", tiny_data_dir / "datasets" / "gray_scott_embedded",
-                                 "--ranks", "1", "--dask-workers", "1", "--json", runs / "04_stats_benchmark.json"]
-    # One after the other in one background shell, next to the notebook's kernel: 2 cores in CI.
-    script = " && ".join(f"{shlex.join([PYTHON, *map(str, args)])} > {shlex.quote(str(runs / name))}.log 2>&1"
-                         for name, args in commands.items())
-    proc = subprocess.Popen(["bash", "-c", script], cwd=REPO)
-    yield runs, set(commands), proc, time.perf_counter()
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        chains[0]["benchmark"] = [benchmark, "--dataset-dir", dataset_dir, "--ranks", "1", "--dask-workers", "1",
+                                  "--json", runs / "04_stats_benchmark.json"]
+    if throughput.is_file():
+        chains[1]["throughput"] = [throughput, "--data-dir", tiny_data_dir, "--out", runs / "throughput",
+                                   "--workers", "0", "--readers", "fast", "--seconds", "0.2", "--repeats", "1",
+                                   "--warmup", "1"]
+        if "--scripts" in throughput.read_text():
+            chains[1]["scripts"] = [throughput, "--data-dir", tiny_data_dir, "--out", runs / "ex02", "--scripts",
+                                    "fno.py", "--script-args", "--epochs 1 --max-steps 1", "--repeats", "1"]
+    procs = []
+    for chain in filter(None, chains):
+        script = " && ".join(f"{shlex.join([PYTHON, *map(str, args)])} > {shlex.quote(str(runs / name))}.log 2>&1"
+                             for name, args in chain.items())
+        procs.append(subprocess.Popen(["bash", "-c", script], cwd=REPO))
+    commands = {name for chain in chains for name in chain}
+    yield runs, commands, procs, time.perf_counter()
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
 def runs_dir(background_runs):
-    runs, made, proc, started = background_runs
-    rc = proc.wait(timeout=300)
+    runs, made, procs, started = background_runs
+    codes = [proc.wait(timeout=300) for proc in procs]
     logs = "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(runs.glob("*.log")))
-    assert rc == 0, f"a run for the results notebook failed:\n{logs}"
+    assert codes == [0] * len(procs), f"a run for the results notebook failed:\n{logs}"
     print(f"runs for the results notebook ({', '.join(sorted(made))}) took {time.perf_counter() - started:.0f} s")
     return runs, made
 
@@ -123,10 +132,15 @@ def test_results_notebook_plots_every_run(runs_dir, monkeypatch):
     assert_venv_kernel(text)
     metrics = json.loads((runs / "baseline" / "metrics.json").read_text())
     assert f"{metrics['samples_per_second']:10.1f}" in text  # the baseline's row of the table
-    expected = {"metrics.json": 2, "throughput.json": 1, "statistics benchmark JSON": 1}  # figures per section
+    expected = {"metrics.json": 2, "throughput.json": 1, "scripts.json": 1, "statistics benchmark JSON": 1}  # figures
     present = {"metrics.json"}
     if "throughput" in made:
         present.add("throughput.json")
+    if "scripts" in made:
+        present.add("scripts.json")
+        scripts = json.loads((runs / "ex02" / "scripts.json").read_text())["rows"]
+        assert f"{scripts[0]['samples_per_s']:8.1f} samples/s" in text
+        assert "0_round0" not in text  # the comparison's own fno.py runs stay out of section 00
     if "benchmark" in made:
         present.add("statistics benchmark JSON")
     for section in SECTIONS:
