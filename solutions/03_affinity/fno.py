@@ -1,0 +1,228 @@
+"""Baseline: train a Fourier Neural Operator on a dataset of The Well, roll it out, plot it.
+
+    python fno.py                                   # embedded Gray-Scott data, made on first use
+    python fno.py --dataset turbulent_radiative_layer_2D --data-dir /scratch/well --download
+    python solutions/01_profiling/fno.py --profile --max-steps 12   # trace steps 7-11, then stop
+    python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --persistent-workers --fast-reader
+    srun -n 4 --gpus-per-node=4 python solutions/03_affinity/fno.py --num-workers 4 --bind exclusive
+
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds profiling/
+from affinity.bind import bind_this_rank, worker_init_fn  # noqa: E402
+from affinity.report import report_line  # noqa: E402
+from profiling import summarize, timeline, traces  # noqa: E402
+
+from wellfno import data, plots
+from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
+from wellfno.fastwell import fast_datasets
+from wellfno.model import NextFrameFNO, channel_stats
+from wellfno.rollout import evaluate_rollouts
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", default=data.EMBEDDED, help="embedded dataset or a Well dataset name")
+    p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"),
+                   help="folder that holds datasets/ (default $WELL_DATA or ./data)")
+    p.add_argument("--download", action="store_true", help="fetch a missing Well dataset")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--max-steps", type=int, default=0, help="stop training after this many steps (0: no limit)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/baseline", help="output folder")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--profile", action="store_true", help="trace the last steps of a --max-steps run (default 12)")
+    p.add_argument("--profile-warmup", type=int, default=2, help="steps traced, then thrown away")
+    p.add_argument("--profile-active", type=int, default=5, help="steps recorded into the trace")
+    p.add_argument("--profile-memory", action="store_true", help="also record tensor allocations")
+    p.add_argument("--with-stack", action="store_true", help="also record Python stacks (slower)")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (0: load in this process)")
+    p.add_argument("--prefetch-factor", type=int, default=None, help="batches each worker loads ahead (torch: 2)")
+    p.add_argument("--persistent-workers", action="store_true", help="keep the workers from one epoch to the next")
+    p.add_argument("--pin-memory", action="store_true", help="batches in page-locked memory: faster copies to a GPU")
+    p.add_argument("--fast-reader", action="store_true", help="wellfno.fastwell: WellDataset's samples, read faster")
+    p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"], default="exclusive",
+                   help="pin this rank and its workers to cores near its GPU (affinity/plan.py explains the modes)")
+    p.add_argument("--report-workers", action="store_true", help="each DataLoader worker prints where it runs")
+    args = p.parse_args(argv)
+    if args.num_workers < 0 or (args.prefetch_factor is not None and args.prefetch_factor < 1):
+        raise UserError("--num-workers must be 0 or more and --prefetch-factor at least 1")
+    if args.num_workers == 0 and (args.prefetch_factor is not None or args.persistent_workers):
+        print("note: --prefetch-factor and --persistent-workers act on worker processes: ignored with --num-workers 0")
+    if args.profile:  # wait out the first steps: they pay one-time costs (allocator, FFT plans, loader start)
+        args.max_steps = args.max_steps or 12
+        args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
+        if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
+            raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active (>= 1)")
+    for name in ("epochs", "batch_size", "n_steps_input"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def pick_device(name):
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but torch sees no GPU: use --device cpu, or run on a GPU node")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm builds report as cuda too
+    return torch.device(name)
+
+
+def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=None):
+    model.train()
+    total_loss, samples, start = 0.0, 0, time.perf_counter()
+    bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True)
+    batches = iter(bar)
+    while True:
+        with record_function("data_wait"):  # the DataLoader reading and collating the next batch
+            batch = next(batches, None)
+        if batch is None:
+            break
+        with record_function("h2d_copy"):
+            x, y = data.batch_to_model(batch, device, non_blocking=True)
+        with record_function("forward"):
+            loss = model.loss(model(x), y)
+        with record_function("backward"):
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with record_function("optimizer"):
+            optimizer.step()
+        total_loss += loss.item() * len(x)
+        samples += len(x)
+        bar.set_postfix(loss=f"{loss.item():.4f}", samples_per_s=f"{samples / (time.perf_counter() - start):.0f}")
+        steps_left -= 1
+        if prof is not None:
+            prof.step()  # closes ProfilerStep#N and moves the schedule on
+        if steps_left == 0:
+            break
+    bar.close()
+    return total_loss / samples, samples, time.perf_counter() - start
+
+
+@torch.no_grad()
+def validate(model, loader, device):
+    model.eval()
+    total, n = 0.0, 0
+    for batch in loader:
+        x, y = data.batch_to_model(batch, device, non_blocking=True)
+        total += model.loss(model(x), y).item() * len(x)
+        n += len(x)
+    return total / n
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    cpus = None
+    if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
+        cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
+        device = rank_device if rank_device.type == device.type else device  # cuda:<local rank's GPU>
+    print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
+    out = Path(args.out)
+    dataset_dir = data.resolve_dataset(args.data_dir, args.dataset, args.download)
+    splits = (fast_datasets if args.fast_reader else data.well_datasets)(dataset_dir, args.n_steps_input)
+    fields = data.channel_names(splits["train"])
+    stats = channel_stats(data.load_stats(dataset_dir), splits["train"].core_field_names)
+    if args.pin_memory and device.type != "cuda":  # page-locking only speeds up copies to a GPU; torch would warn
+        print(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
+    loader_options = dict(num_workers=args.num_workers, pin_memory=args.pin_memory and device.type == "cuda")
+    if args.num_workers:  # DataLoader refuses these without workers
+        loader_options.update(prefetch_factor=args.prefetch_factor, persistent_workers=args.persistent_workers)
+        if cpus:  # each worker on its own slice of the rank's cores, not all on one
+            loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
+    # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
+    # worker i with base_seed + i, base_seed drawn from it): the same batches with any --num-workers.
+    train_loader = DataLoader(splits["train"], batch_size=args.batch_size, shuffle=True,
+                              generator=torch.Generator().manual_seed(args.seed), **loader_options)
+    valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
+                              generator=torch.Generator().manual_seed(args.seed), **loader_options)
+
+    model = NextFrameFNO(len(fields), args.n_steps_input, stats).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    first_epoch, step, history = 1, 0, []
+    checkpoint = out / "checkpoint.pt"
+    if args.resume and checkpoint.exists():
+        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError):
+            raise UserError(f"{checkpoint} was trained with other settings: use another --out or drop --resume")
+        first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+        print(f"Resuming from {checkpoint} after epoch {state['epoch']}")
+    print(f"Training on {device}: {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
+          f"{sum(p.numel() for p in model.parameters()):,} parameters")
+
+    prof = trace = None
+    if args.profile:
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+        first = args.profile_wait + args.profile_warmup  # the recorded steps are ProfilerStep#first..#last
+        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":  # kernels and copies on the GPU (ROCm builds too); never asked for on CPU
+            activities.append(ProfilerActivity.CUDA)
+        prof = profile(activities=activities, record_shapes=True, profile_memory=args.profile_memory,
+                       with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace, rank),
+                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
+                                         active=args.profile_active, repeat=1))
+        prof.start()
+    for epoch in range(first_epoch, args.epochs + 1):
+        if args.max_steps and step >= args.max_steps:
+            break
+        steps_left = args.max_steps - step if args.max_steps else -1
+        train_loss, samples, seconds = train_one_epoch(model, train_loader, optimizer, device, epoch, steps_left,
+                                                       prof)
+        step += -(-samples // args.batch_size)
+        if prof and step >= args.max_steps:
+            break  # the profiled window is over: no validation, no checkpoint
+        valid_loss = validate(model, valid_loader, device)
+        history.append(dict(epoch=epoch, train_loss=train_loss, valid_loss=valid_loss,
+                            samples=samples, seconds=seconds))
+        print(f"epoch {epoch}/{args.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
+              f"{samples / seconds:.0f} samples/s")
+        atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                                           epoch=epoch, step=step, history=history))
+    if prof:
+        prof.stop()
+        if not trace.exists():
+            raise UserError(f"the run ended after {step} steps, before the profiled window: raise --epochs")
+        sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
+        summarize.print_summary(traces.load(trace), path=trace)
+        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace)}")
+        return
+    if not history:
+        raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
+
+    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input)
+    model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
+    for k in range(min(5, len(model_vrmse))):
+        print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence {persistence_vrmse[k]:.4f}")
+    plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"], std=stats["std"],
+                         model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
+    atomic_write_json(out / "metrics.json", dict(
+        samples_per_second=sum(h["samples"] for h in history) / sum(h["seconds"] for h in history),
+        train_loss=history[-1]["train_loss"], valid_loss=history[-1]["valid_loss"],
+        rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse, device=str(device),
+        dataset=str(dataset_dir), history=history, config=vars(args)))
+    print(f"Wrote {out / 'metrics.json'}, {out / 'rollout.png'}, {checkpoint}")
+
+
+if __name__ == "__main__":
+    run_main(main)
