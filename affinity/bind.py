@@ -126,8 +126,14 @@ def bind_this_rank(mode: str = "exclusive", sysfs: str = "/sys", local_rank: int
     else:
         device = torch.device("cpu")
         nranks = max(local_world_size_from_env() or 1, rank + 1)
-        plan = make_plan(topo, mode, nranks=nranks, use_gpus=False)
-        cpus = set(plan[rank].cpus)
+        try:
+            plan = make_plan(topo, mode, nranks=nranks, use_gpus=False)
+            cpus = set(plan[rank].cpus)
+        except UserError:
+            # Fewer cores than local ranks: the launcher already gave this rank its own CPUs
+            # (srun's default --cpu-bind=cores), or the node is oversubscribed. Keep them.
+            print(f"affinity: {len(cpus)} allowed CPU(s) cannot be split among {nranks} local ranks; "
+                  f"keeping {format_cpulist(cpus)}", file=sys.stderr)
     set_affinity_all_threads(cpus)
     if set_threads:
         # One intra-op thread per physical core: SMT siblings share the FPU, extra threads there

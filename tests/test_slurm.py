@@ -363,3 +363,60 @@ def test_slurm_baseline_requeues_itself_near_time_limit(slurm_cluster, slurm_dat
         assert job.run_dir.is_dir()
     finally:
         _cmd("scancel", job.id)
+
+
+def test_slurm_profiling_writes_trace_summary_and_timeline(slurm_cluster, slurm_data, tmp_path):
+    """01_profiling: the profiled solution writes a valid Chrome trace with 5 recorded steps."""
+    need("solutions/01_profiling/fno.py")
+    import gzip
+    import json
+    run_root = tmp_path / "runs"
+    job = run_job("01_profiling.sbatch", "--max-steps", "8", "--batch-size", "4",
+                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=240)
+    job.assert_completed()
+    traces = sorted(job.run_dir.glob("trace_rank0_steps*.json.gz"))
+    assert len(traces) == 1, f"no trace in {job.run_dir}\n{job.logs()}"
+    events = json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]
+    steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+    assert len(steps) == 5, steps
+    assert any(p.suffix == ".png" for p in job.run_dir.iterdir()), "no timeline picture"
+    assert "forward" in (job.run_dir / "profile_summary.txt").read_text()
+
+
+def test_slurm_throughput_sweep_writes_its_table(slurm_cluster, slurm_data, tmp_path):
+    """02_throughput: a minimal sweep runs as a job and writes json/csv/png with the measured columns."""
+    need("profiling/throughput.py")
+    import json
+    run_root = tmp_path / "runs"
+    job = run_job("02_throughput.sbatch", "--workers", "0,1", "--readers", "fast", "--seconds", "0.3",
+                  "--warmup", "1", "--repeats", "1", "--batch-size", "4",
+                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=240)
+    job.assert_completed()
+    result = json.loads((job.run_dir / "throughput.json").read_text())
+    rows = result["rows"] if isinstance(result, dict) else result
+    assert {r["num_workers"] for r in rows} == {0, 1}
+    for r in rows:
+        assert r["data_only"] > 0 and r["compute_only"] > 0 and r["full"] > 0, r
+    assert (job.run_dir / "throughput.csv").is_file() and (job.run_dir / "throughput.png").is_file()
+
+
+def test_slurm_affinity_train_binds_each_rank_and_its_workers(slurm_cluster, slurm_data, tmp_path):
+    """03_affinity_train: two ranks bind themselves to disjoint cores; workers stay inside their rank's."""
+    need("solutions/03_affinity/fno.py")
+    run_root = tmp_path / "runs"
+    job = run_job("03_affinity_train.sbatch", "--epochs", "1", "--max-steps", "1", "--batch-size", "8",
+                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=240,
+                  sbatch_opts=["--ntasks=2", "--cpus-per-task=1"])
+    job.assert_completed()
+    report = (job.run_dir / "affinity_report.txt").read_text()
+    ranks = {int(m.group(1)): _cpus(m.group(2)) for m in
+             re.finditer(r"\brank=(\d+)\b.*?\bworker=-.*?\bcpus=([0-9,\-]+)", report)}
+    assert sorted(ranks) == [0, 1], report
+    assert not ranks[0] & ranks[1], f"ranks share cores: {ranks}"
+    workers = [(int(m.group(1)), _cpus(m.group(2))) for m in
+               re.finditer(r"\brank=(\d+)\b.*?\bworker=\d+.*?\bcpus=([0-9,\-]+)", report)]
+    assert {rank for rank, _ in workers} == {0, 1}, report
+    for rank, cpus in workers:
+        assert cpus <= ranks[rank], f"a worker of rank {rank} runs outside its rank's CPUs"
+    for rank in (0, 1):
+        assert (job.run_dir / f"rank{rank}" / "metrics.json").is_file()
