@@ -187,7 +187,9 @@ class WorkerPinner:
         torch.set_num_threads(self.threads_per_worker)
         if self.report:
             from affinity.report import report_line
-            print(report_line(worker_id=worker_id, sysfs=self.sysfs), flush=True)
+            # One write per line: workers share the pipe, and print() may split text and newline.
+            sys.stdout.write(report_line(worker_id=worker_id, sysfs=self.sysfs) + "\n")
+            sys.stdout.flush()
         if self.then is not None:
             self.then(worker_id)
 
