@@ -32,6 +32,7 @@ if __package__ in (None, ""):
 from affinity.bind import pin_worker
 from affinity.discover import format_cpulist
 from wellfno.cli import UserError, run_main
+from wellfno.machine import cpu_model
 
 
 class HeavySamples:
@@ -52,14 +53,7 @@ class HeavySamples:
         return x
 
 
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+
 
 
 def time_loader(samples: int, workers: int, parent_cpus, worker_init) -> float:
@@ -180,7 +174,7 @@ def main(argv=None) -> int:
     if args.workers < 1 or args.samples < 8 or args.repeats < 1:
         raise UserError("--workers >= 1, --samples >= 8 and --repeats >= 1 please")
     import torch
-    print(f"machine: {platform.node()} | {cpu_model_name()} | allowed CPUs {format_cpulist(allowed)} "
+    print(f"machine: {platform.node()} | {cpu_model()} | allowed CPUs {format_cpulist(allowed)} "
           f"({len(allowed)}) | torch {torch.__version__} | GPU: "
           f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
     print_table(f"1. data pipeline: {args.workers} workers, {args.samples} samples, median of {args.repeats}",

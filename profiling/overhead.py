@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from wellfno import data  # noqa: E402
 from wellfno.cli import UserError, atomic_write_json, run_main  # noqa: E402
+from wellfno.machine import cpu_model  # noqa: E402
 from wellfno.model import NextFrameFNO, channel_stats  # noqa: E402
 
 
@@ -88,14 +88,7 @@ def idle_record_function_us(n=20000) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+
 
 
 def main(argv=None):

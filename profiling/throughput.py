@@ -33,7 +33,6 @@ import csv
 import io
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -41,13 +40,13 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from wellfno import data
 from wellfno.cli import UserError, atomic_write_bytes, atomic_write_json, atomic_write_text, run_main
 from wellfno.fastwell import FastWellDataset
+from wellfno.machine import cpu_model
 from wellfno.model import NextFrameFNO, channel_stats
 
 READERS = ("well", "fast")
@@ -254,14 +253,7 @@ def compare_scripts(args, out: Path, info: dict) -> None:
 
 
 def machine(device) -> dict:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info = dict(cpu=model, cores=usable, torch=torch.__version__, threads=torch.get_num_threads(), device=str(device))
     if device.type == "cuda":

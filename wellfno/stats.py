@@ -26,7 +26,6 @@ How it is computed, and why:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator

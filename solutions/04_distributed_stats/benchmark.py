@@ -19,7 +19,6 @@ fastest of --repeat runs (other work on a shared node only ever adds time).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -38,6 +37,7 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from wellfno.cli import UserError, atomic_write_json, run_main  # noqa: E402
+from wellfno.machine import cpu_model  # noqa: E402
 from wellfno.stats import max_relative_difference, plan_dataset, rank_ranges  # noqa: E402
 from wellfno.wellformat import write_well_file  # noqa: E402
 
@@ -108,14 +108,7 @@ def timed(cmd: list[str], pattern: str) -> tuple[float, float, str]:
     return (float(match.group(1)) if match else wall), wall, r.stdout
 
 
-def cpu_model() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+
 
 
 def main() -> int:
@@ -197,7 +190,7 @@ def main() -> int:
             eff = f"{r['scaling_efficiency']:.2f}"
         print(f"| {r['name']:34s} | {r['seconds']:8.2f} | {r['wall_seconds']:6.2f} | {r['gb_per_s']:4.2f} "
               f"| {r['vs_raw_read']:11.2f} | {eff:>12s} |")
-    print(f"max relative difference vs serial: " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items()))
+    print("max relative difference vs serial: " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items()))
     print("bitwise identical to serial: " + ", ".join(f"{k} {v}" for k, v in identical.items()))
     atomic_write_json(args.json, {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
                                               "python": platform.python_version(),
