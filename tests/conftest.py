@@ -56,3 +56,10 @@ def script_under_test(request, default: str) -> Path:
     chosen = request.config.getoption("--script")
     path = Path(chosen) if chosen else REPO / default
     return path if path.is_absolute() else (Path.cwd() / path).resolve()
+
+
+def pytest_configure(config):
+    # Exercise 04's tests pick their script at import time from STATS_SCRIPT; --script works there too.
+    chosen = config.getoption("--script", default=None)
+    if chosen:
+        os.environ.setdefault("STATS_SCRIPT", str(Path(chosen).resolve()))
