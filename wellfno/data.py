@@ -91,7 +91,7 @@ def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_miss
     if not present and dataset == EMBEDDED:
         from wellfno.grayscott import generate
 
-        print(f"{dataset} not found in {data_root}: generating it (demo size, about a minute)", flush=True)
+        print(f"{dataset} not found in {data_root}: generating it (demo size, under a minute)", flush=True)
         generate(data_root, "demo")
     elif not present or (download_missing and not _hdf5_files(dataset_dir / "data" / "train")):
         known = well_dataset_names()
