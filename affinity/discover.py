@@ -266,13 +266,10 @@ def describe(topo: Topology) -> str:
 def draw(topo: Topology, path: str | os.PathLike) -> Path:
     """Draw NUMA nodes as boxes of cores (coloured by L3 group, allowed ones filled) and GPUs under
     their NUMA node. Pure matplotlib, so it works on a fixture tree too."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from wellfno.cli import atomic_write_bytes
-    import io
+    from wellfno.plots import save_png  # also selects the Agg backend: no display on nodes
 
     nodes = sorted(topo.numa_cpus)
     per_row = 16
@@ -314,10 +311,7 @@ def draw(topo: Topology, path: str | os.PathLike) -> Path:
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f"{topo.root}: cores by L3 group (filled = allowed; numbers = SMT threads)", fontsize=9)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=150, bbox_inches="tight")
-    plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return save_png(fig, path, dpi=150, bbox_inches="tight")
 
 
 def main(argv=None) -> int:

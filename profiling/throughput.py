@@ -44,7 +44,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from wellfno import data
-from wellfno.cli import UserError, atomic_write_bytes, atomic_write_json, atomic_write_text, run_main
+from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
 from wellfno.fastwell import FastWellDataset
 from wellfno.machine import cpu_model
 from wellfno.model import NextFrameFNO, channel_stats
@@ -272,10 +272,9 @@ def table(rows) -> str:
 
 
 def figure(rows, readers: list[str], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from wellfno.plots import save_png  # also selects the Agg backend: no display on nodes
 
     fig, axes = plt.subplots(1, len(readers), figsize=(6 * len(readers), 4.2), squeeze=False, sharey=True)
     for ax, reader in zip(axes[0], readers):
@@ -296,10 +295,7 @@ def figure(rows, readers: list[str], path: Path, title: str) -> None:
     axes[0][0].set_ylabel("samples/s")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(fig, path, dpi=110)
 
 
 def main(argv=None):

@@ -10,14 +10,13 @@ operators or kernels in grey. Dashed lines mark the ProfilerStep#N boundaries.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from profiling import traces  # noqa: E402
-from wellfno.cli import atomic_write_bytes, run_main  # noqa: E402
+from wellfno.cli import run_main  # noqa: E402
 
 COLOURS = {"data_wait": "tab:red", "h2d_copy": "tab:orange", "forward": "tab:blue", "backward": "tab:green",
            "optimizer": "tab:purple", None: "0.6"}
@@ -45,11 +44,10 @@ def outermost(events: list[dict]) -> list[dict]:
 
 def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | None = None) -> Path:
     """Write the timeline next to the trace (or to `png`); return its path. `trace`: already loaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    from wellfno.plots import save_png  # also selects the Agg backend: no display on nodes
 
     trace_path = Path(trace_path)
     png = Path(png) if png else trace_path.with_name(trace_path.name.split(".json")[0] + "_timeline.png")
@@ -89,10 +87,7 @@ def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | No
     ax.legend(handles=[Patch(color=c, label=p or "other / unlabelled") for p, c in COLOURS.items()],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    plt.close(fig)
-    return atomic_write_bytes(png, buffer.getvalue())
+    return save_png(fig, png, dpi=80)
 
 
 def main(argv=None):

@@ -119,16 +119,21 @@ def trajectory_length(dataset_dir: Path, split: str) -> int:
     return min(lengths)
 
 
-def well_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "valid")) -> dict:
-    """the_well's WellDataset per split: n_steps_input frames in, the next frame out, z-scored."""
-    from the_well.data import WellDataset
-    from the_well.data.normalization import ZScoreNormalization
-
+def check_input_steps(dataset_dir: Path, n_steps_input: int, splits) -> None:
+    """n_steps_input frames in and one out must fit in every trajectory of every split."""
     for split in splits:
         length = trajectory_length(dataset_dir, split)
         if n_steps_input + 1 > length:
             raise UserError(f"--n-steps-input {n_steps_input} is too long: the {split} trajectories have "
                             f"{length} frames, so at most {length - 1} input steps fit")
+
+
+def well_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "valid")) -> dict:
+    """the_well's WellDataset per split: n_steps_input frames in, the next frame out, z-scored."""
+    from the_well.data import WellDataset
+    from the_well.data.normalization import ZScoreNormalization
+
+    check_input_steps(dataset_dir, n_steps_input, splits)
     return {
         split: WellDataset(path=str(dataset_dir), well_split_name=split, n_steps_input=n_steps_input,
                            n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,

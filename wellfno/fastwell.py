@@ -221,11 +221,7 @@ class FastWellDataset(Dataset):
 
 def fast_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "valid")) -> dict:
     """FastWellDataset per split, the drop-in for `wellfno.data.well_datasets`."""
-    from wellfno.data import trajectory_length
+    from wellfno.data import check_input_steps
 
-    for split in splits:
-        length = trajectory_length(dataset_dir, split)
-        if n_steps_input + 1 > length:
-            raise UserError(f"--n-steps-input {n_steps_input} is too long: the {split} trajectories have "
-                            f"{length} frames, so at most {length - 1} input steps fit")
+    check_input_steps(dataset_dir, n_steps_input, splits)
     return {split: FastWellDataset(dataset_dir, split, n_steps_input) for split in splits}

@@ -52,7 +52,12 @@ def rollout_figure(true, pred, field_names, path, *, mean=None, std=None, steps=
         title += f"\nVRMSE step 1: model {model_vrmse[0]:.3f}, persistence {persistence_vrmse[0]:.3f}"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    save_png(fig, path, dpi=90)
+
+
+def save_png(fig, path, dpi=100, **savefig_kwargs):
+    """Render `fig` to PNG in memory, write it atomically (no half picture), close the figure."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=dpi, **savefig_kwargs)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue())
