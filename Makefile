@@ -20,7 +20,7 @@ venv: $(VENV)/.installed
 
 # Reuse an importable torch (e.g. `module load pytorch` on a cluster, a ROCm or
 # CUDA build) through --system-site-packages; otherwise install $(TORCH_SPEC).
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	@if [ ! -x $(PY) ]; then \
 	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
 	    echo "Found torch in $(PYTHON): creating $(VENV) with --system-site-packages to reuse it"; \

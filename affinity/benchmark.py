@@ -22,12 +22,8 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from affinity.bind import pin_worker
 from affinity.discover import format_cpulist

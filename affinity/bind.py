@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from affinity.discover import discover, format_cpulist
 from affinity.plan import make_plan

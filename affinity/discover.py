@@ -22,8 +22,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python affinity/discover.py`: make `affinity` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from wellfno.cli import UserError, run_main
 

@@ -20,10 +20,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python affinity/plan.py`: make `affinity` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from affinity.discover import Gpu, Topology, discover, format_cpulist, parse_allowed_arg, parse_cpulist
 from wellfno.cli import UserError, run_main

@@ -14,11 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from affinity.discover import Topology, discover, format_cpulist
 from wellfno.cli import UserError, run_main

@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from profiling import traces  # noqa: E402
-from wellfno.cli import UserError, atomic_write_bytes, run_main  # noqa: E402
+from profiling import traces
+from wellfno.cli import UserError, atomic_write_bytes, run_main
 
 PID_STRIDE = 1 << 32  # above any OS pid or device index
 FLOW_STRIDE = 1 << 40

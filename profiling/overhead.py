@@ -22,22 +22,20 @@ import argparse
 import importlib.util
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function, schedule  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.utils.data import DataLoader
 
-from wellfno import data  # noqa: E402
-from wellfno.cli import UserError, atomic_write_json, run_main  # noqa: E402
-from wellfno.machine import cpu_model  # noqa: E402
-from wellfno.model import NextFrameFNO, channel_stats  # noqa: E402
+from wellfno import data
+from wellfno.cli import UserError, atomic_write_json, run_main
+from wellfno.machine import cpu_model
+from wellfno.model import NextFrameFNO, channel_stats
 
 
 class StepClock:

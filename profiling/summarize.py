@@ -20,15 +20,13 @@ directly: it is plain JSON and the arithmetic is a few interval unions.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from profiling import traces  # noqa: E402
-from profiling.traces import PARTS  # noqa: E402
-from wellfno.cli import atomic_write_json, run_main  # noqa: E402
+from profiling import traces
+from profiling.traces import PARTS
+from wellfno.cli import atomic_write_json, run_main
 
 COLUMNS = (*PARTS, "rest")
 

@@ -10,13 +10,11 @@ operators or kernels in grey. Dashed lines mark the ProfilerStep#N boundaries.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from profiling import traces  # noqa: E402
-from wellfno.cli import run_main  # noqa: E402
+from profiling import traces
+from wellfno.cli import run_main
 
 COLOURS = {"data_wait": "tab:red", "h2d_copy": "tab:orange", "forward": "tab:blue", "backward": "tab:green",
            "optimizer": "tab:purple", None: "0.6"}

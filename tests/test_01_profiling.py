@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from conftest import run_script, script_under_test
+from tests.conftest import run_script, script_under_test
 
 TINY = ["--batch-size", "1", "--epochs", "1"]  # 44 steps per epoch: the window ends inside epoch 1
 STEP = re.compile(r"ProfilerStep#(\d+)$")

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import run_script, script_under_test
+from tests.conftest import run_script, script_under_test
 from wellfno.cli import UserError
 
 SOLUTION = "solutions/02_data_pipeline/fno.py"

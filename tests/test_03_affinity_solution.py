@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import run_script, script_under_test
+from tests.conftest import run_script, script_under_test
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs 2 CPUs to give two ranks different cores")

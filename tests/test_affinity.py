@@ -14,15 +14,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
-import make_sysfs  # noqa: E402
-from affinity.bind import local_rank_from_env, local_world_size_from_env, worker_cpus  # noqa: E402
-from affinity.discover import discover, format_cpulist, parse_cpulist  # noqa: E402
-from affinity.plan import cpu_mask, make_plan, render  # noqa: E402
-from affinity.report import format_report  # noqa: E402
-from wellfno.cli import UserError  # noqa: E402
+from tests.fixtures import make_sysfs
+from affinity.bind import local_rank_from_env, local_world_size_from_env, worker_cpus
+from affinity.discover import discover, format_cpulist, parse_cpulist
+from affinity.plan import cpu_mask, make_plan, render
+from affinity.report import format_report
+from wellfno.cli import UserError
 
 FIXTURES = REPO / "tests" / "fixtures" / "sysfs"
 DGX, MI300A, LAPTOP = FIXTURES / "dgx-a100", FIXTURES / "mi300a", FIXTURES / "laptop"

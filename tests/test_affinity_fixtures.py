@@ -1,13 +1,11 @@
 """The committed sysfs fixture trees are exactly what tests/fixtures/make_sysfs.py writes."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
-import make_sysfs  # noqa: E402
+from tests.fixtures import make_sysfs
 
 
 def _files(root: Path) -> dict[str, str]:

@@ -8,19 +8,16 @@ PCI addresses. We run its real functions on a fixture tree by giving the module 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
-import make_sysfs  # noqa: E402
-from affinity.discover import discover, parse_cpulist  # noqa: E402
-from affinity.plan import make_plan  # noqa: E402
+from tests.fixtures import make_sysfs
+from affinity.discover import discover, parse_cpulist
+from affinity.plan import make_plan
 
 binding = pytest.importorskip("torch.numa.binding")
 FIXTURES = REPO / "tests" / "fixtures" / "sysfs"

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 import fno
-from conftest import PYTHON, REPO, run_script
+from tests.conftest import PYTHON, REPO, run_script
 from wellfno.cli import UserError
 
 FAST = ["--epochs", "1", "--max-steps", "2", "--batch-size", "8"]

@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO
 
 EXPLORE = REPO / "exercises" / "00_explore_the_data.ipynb"
 RESULTS = REPO / "exercises" / "results.ipynb"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from conftest import run_script
+from tests.conftest import run_script
 from profiling import merge_traces, summarize, timeline, traces
 
 ACTIVE = 3

@@ -182,14 +182,10 @@ def test_a_rank_that_dies_silently_stops_every_rank_within_the_timeout(dataset, 
 
 @pytest.mark.skipif(not IS_SOLUTION, reason="unit test of the reference solution's node-list parser")
 def test_first_host_of_slurm_node_lists():
-    sys.path.insert(0, str(SOLUTION.parent))
-    try:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("dist_stats", SOLUTION)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SOLUTION.parent))
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("dist_stats", SOLUTION)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     assert module.first_host("gpu[07-09,12],cpu1") == "gpu07"
     assert module.first_host("node001") == "node001"
     assert module.first_host("a1,b[2-3]") == "a1"

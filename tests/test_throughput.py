@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import REPO, run_script
+from tests.conftest import REPO, run_script
 from wellfno.cli import UserError
 
 spec = importlib.util.spec_from_file_location("throughput", REPO / "profiling" / "throughput.py")

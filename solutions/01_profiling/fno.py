@@ -8,7 +8,6 @@ Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` conti
 """
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds profiling/
-from profiling import summarize, timeline, traces  # noqa: E402
+from profiling import summarize, timeline, traces
 
 from wellfno import data, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main

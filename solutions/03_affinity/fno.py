@@ -10,7 +10,6 @@ Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` conti
 """
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -19,10 +18,9 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds profiling/
-from affinity.bind import bind_this_rank, worker_init_fn  # noqa: E402
-from affinity.report import report_line  # noqa: E402
-from profiling import summarize, timeline, traces  # noqa: E402
+from affinity.bind import bind_this_rank, worker_init_fn
+from affinity.report import report_line
+from profiling import summarize, timeline, traces
 
 from wellfno import data, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main

@@ -30,16 +30,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-import h5py  # noqa: E402
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+import h5py
+import numpy as np
+import yaml
 
-from wellfno.cli import UserError, atomic_write_json, run_main  # noqa: E402
-from wellfno.machine import cpu_model  # noqa: E402
-from wellfno.stats import max_relative_difference, plan_dataset, rank_ranges  # noqa: E402
-from wellfno.wellformat import write_well_file  # noqa: E402
+from wellfno.cli import UserError, atomic_write_json, run_main
+from wellfno.machine import cpu_model
+from wellfno.stats import max_relative_difference, plan_dataset, rank_ranges
+from wellfno.wellformat import write_well_file
 
 HERE = Path(__file__).resolve().parent
 

@@ -10,19 +10,17 @@ formula. Threads on one node: HDF5 reads are serialized by h5py's lock.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repository
 
-import dask  # noqa: E402
-import dask.array as da  # noqa: E402
-import h5py  # noqa: E402
-import numpy as np  # noqa: E402
+import dask
+import dask.array as da
+import h5py
+import numpy as np
 
-from wellfno.cli import UserError, run_main  # noqa: E402
-from wellfno.stats import CHUNK_BYTES, empty_moments, merge, plan_dataset, stats_from_moments, write_stats_yaml  # noqa: E402
+from wellfno.cli import UserError, run_main
+from wellfno.stats import CHUNK_BYTES, empty_moments, merge, plan_dataset, stats_from_moments, write_stats_yaml
 
 
 def lazy_moments(x: da.Array, order: int):

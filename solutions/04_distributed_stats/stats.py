@@ -33,13 +33,12 @@ import time
 import zlib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repository
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from wellfno.cli import UserError, run_main  # noqa: E402
-from wellfno.stats import (CHUNK_BYTES, combine_blocks, pack_blocks, plan_dataset, rank_ranges,  # noqa: E402
+from wellfno.cli import UserError, run_main
+from wellfno.stats import (CHUNK_BYTES, combine_blocks, pack_blocks, plan_dataset, rank_ranges,
                            reduce_range, stats_from_moments, unpack_blocks, write_stats_yaml)
 
 FAILED_KEY = "wellfno_stats/failed"
