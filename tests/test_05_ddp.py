@@ -120,7 +120,8 @@ def read_probe(log_dir: Path) -> dict:
 
 
 def error_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("error:")]
+    """The `error: ...` lines (one may follow a progress bar that ended without a newline)."""
+    return re.findall(r"(?:^|[\r\n]|\]|\s)(error: [^\r\n]*)", text)
 
 
 @pytest.fixture(scope="module")

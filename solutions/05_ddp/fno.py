@@ -173,42 +173,51 @@ def samples_left_out(sampler):
     return sorted(set(range(len(sampler.dataset))) - taken)
 
 
-FAILED_KEY = "wellfno/failed"
+class Watchdog:
+    """INTERIM stand-in for wellfno.watchdog.Watchdog (exercise 04's, being merged): same use.
 
-
-class FailureWatch:
-    """Ends this rank within seconds when another rank failed, instead of waiting in a collective.
-
-    A rank that raises posts "rank R: what happened" in the process group's key-value store (`fail`);
-    a thread here polls the store and, when it finds a post (or the store's host, rank 0, is gone),
-    prints one line and exits. A rank that dies without a word breaks gloo's connections at once;
-    under NCCL the collective --timeout ends the others (TORCH_NCCL_ASYNC_ERROR_HANDLING).
+    A rank that raises posts "rank R failed: ..." in the process group's store; a thread on every rank
+    polls it and ends its rank (which may be blocked in a collective) with one line. A collective that
+    loses its peer (a rank died: gloo notices at once) ends this rank with one line too.
     """
 
-    def __init__(self, rank, poll_s=1.0):
-        self.rank, self.poll_s, self.done = rank, poll_s, threading.Event()
+    def __init__(self, rank, world_size, poll_s=1.0):
+        self.rank, self.world_size, self.poll_s, self.done = rank, world_size, poll_s, threading.Event()
+
+    def __enter__(self):
         self.store = dist.distributed_c10d._get_default_store()
         threading.Thread(target=self._watch, daemon=True).start()
+        return self
 
     def _watch(self):
         while not self.done.wait(self.poll_s):
             try:
-                if not self.store.check([FAILED_KEY]):
+                if not self.store.check(["wellfno/failed"]):
                     continue
-                why = self.store.get(FAILED_KEY).decode()
+                why = self.store.get("wellfno/failed").decode()
             except Exception:  # noqa: BLE001 - the store lives in rank 0: it is gone
                 if self.done.wait(3 * self.poll_s):
                     return  # rank 0 simply finished first
-                why = "rank 0 ended (it hosts the rendezvous)"
-            print(f"error: rank {self.rank} stops: {why}", file=sys.stderr, flush=True)
+                why = "rank 0 is gone (it hosts the rendezvous)"
+            tqdm.write(f"error: {why}; stopped all {self.world_size} ranks", file=sys.stderr)
             os._exit(1)
 
-    def fail(self, err):
+    def __exit__(self, kind, err, tb):
+        if err is None:
+            dist.barrier()  # nobody leaves while another still needs rank 0's store
+            self.done.set()
+            return False
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if any(hint in text for hint in ("Connection reset", "Connection closed", "Broken pipe")):
+            time.sleep(2 * self.poll_s)  # a rank that raised posts why: the thread reports it
+            raise UserError(f"rank {self.rank} lost another rank ({text[:120]}): it died? the launcher's log "
+                            f"names it; stopped") from None
         try:
-            self.store.set(FAILED_KEY, f"rank {self.rank}: {str(err).splitlines()[0] if str(err) else ''}"
-                                       f"{'' if isinstance(err, UserError) else f' ({err.__class__.__name__})'}")
+            self.store.compare_set("wellfno/failed", "", f"rank {self.rank} failed: {text}"
+                                   f"{'' if isinstance(err, UserError) else f' ({err.__class__.__name__})'}")
         except Exception:  # noqa: BLE001 - the store is gone too: the launcher or --timeout ends the others
             pass
+        return False
 
 
 def main(argv=None):
@@ -216,28 +225,20 @@ def main(argv=None):
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; no launcher: rank 0 of 1
     if not env.is_distributed:
         return train(args, env)
-    watch = None
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
+                                   prefer_gpu=args.device != "cpu")
+    env.export_rendezvous()  # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
     try:
-        backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                       prefer_gpu=args.device != "cpu")
-        env.export_rendezvous()  # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
-        try:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
-                                    device_id=device if device.type == "cuda" else None)
-        except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
-            raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
-                            f"{str(err).splitlines()[0] if str(err) else ''})") from None
-        watch = FailureWatch(env.rank)
-        train(args, env, backend, device)
-        dist.barrier()  # nobody leaves while another still needs rank 0's store
-        watch.done.set()
-    except BaseException as err:
-        if watch is not None and not isinstance(err, KeyboardInterrupt):
-            watch.fail(err)
-        raise
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
+                                device_id=device if device.type == "cuda" else None)
+    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
+        raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    try:
+        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends every rank, in seconds
+            train(args, env, backend, device)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def train(args, env, backend=None, device=None):
@@ -306,11 +307,10 @@ def train(args, env, backend=None, device=None):
         first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
         log(f"{'Evaluating' if args.eval_only else 'Resuming from'} {checkpoint} after epoch {state['epoch']}"
             f" (trained with {state.get('world_size', 1)} rank(s), now {env.world_size})")
-    # DDP: backward averages the gradients over the ranks (all-reduce, bucket by bucket, overlapped with
-    # the rest of the backward), so every rank makes the same step. The buffers are constants from
-    # stats.yaml: no need to broadcast them before every forward.
-    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        broadcast_buffers=False) if env.is_distributed else model
+    # DDP copies rank 0's weights to all ranks; backward averages the gradients over the ranks (all-reduce,
+    # bucket by bucket, overlapped with the rest of the backward): every rank makes the same step.
+    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None
+                                        ) if env.is_distributed else model
     global_batch = args.batch_size * env.world_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, {device.type}): "
         f"{len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
