@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from tests.conftest import PYTHON, REPO, script_under_test
+from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - fixtures of the Slurm tests
 
 PROBE = Path(__file__).resolve().parent / "ddp_probe"
 SMALL = ("--n-steps-input", "10", "--bind", "none", "--seed", "3")  # 8 train, 4 valid samples
@@ -295,3 +296,20 @@ def test_split_smaller_than_world_is_one_line(script, tiny_data_dir, tmp_path):
     lines = error_lines(results[0][2])
     assert len(lines) == 1 and "valid split" in lines[0] and "fewer than the 3 ranks" in lines[0], lines
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- Slurm
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_05_ddp_two_tasks_then_one_task_evaluates(slurm_cluster, slurm_data, tmp_path):
+    """slurm/05_ddp.sbatch on the local cluster: srun starts 2 ranks (rendezvous from the
+    allocation), then 1 task evaluates the checkpoint: the same validation loss."""
+    job = run_job("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10", "--seed", "3",
+                  env=job_env(tmp_path / "runs", slurm_data), run_root=tmp_path / "runs", timeout=600)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    evaluation = json.loads((job.run_dir / "eval.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4 and evaluation["world_size"] == 1
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-6 * abs(metrics["valid_loss"])
+    log = job.logs()
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log

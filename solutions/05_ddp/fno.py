@@ -223,10 +223,14 @@ class Watchdog:
 def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; no launcher: rank 0 of 1
+    device = pick_device(args.device)
+    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size, device.type == "cuda")
+    if args.device != "auto" and device.type != args.device:
+        raise UserError(f"--backend {backend} and --device {args.device} do not go together: nccl runs on GPUs, "
+                        f"gloo here on CPUs")
     if not env.is_distributed:
-        return train(args, env)
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                   prefer_gpu=args.device != "cpu")
+        return train(args, env, None, device)
     env.export_rendezvous()  # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
@@ -241,15 +245,8 @@ def main(argv=None):
         dist.destroy_process_group()
 
 
-def train(args, env, backend=None, device=None):
+def train(args, env, backend, device):
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's anyway)
-    if device is None:
-        if args.backend != "auto":  # checked even for one rank: `--backend nccl` on a laptop is a mistake
-            pick_backend(args.backend, env.local_rank, env.local_world_size, prefer_gpu=args.device != "cpu")
-        device = pick_device(args.device)
-    elif args.device != "auto" and device.type != args.device:
-        raise UserError(f"--backend {backend} and --device {args.device} do not go together: "
-                        f"nccl works on GPUs, gloo here on CPUs")
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
