@@ -298,6 +298,31 @@ def test_split_smaller_than_world_is_one_line(script, tiny_data_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+# --------------------------------------------------------------------------- scaling benchmark
+@pytest.mark.slow
+def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
+    """solutions/05_ddp/scaling.py on 1 and 2 CPU ranks (weak scaling): numbers that hang together."""
+    out = tmp_path / "scaling"
+    result = subprocess.run([PYTHON, str(REPO / "solutions/05_ddp/scaling.py"), "--ranks", "1", "2", "--modes",
+                             "weak", "--batch-size", "2", "--max-steps", "6", "--active", "2", "--data-dir",
+                             str(tiny_data_dir), "--out", str(out), "--", "--bind", "none"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    scaling = json.loads((out / "scaling.json").read_text())
+    one, two = scaling["modes"]["weak"]
+    assert (one["ranks"], one["global_batch"], two["ranks"], two["global_batch"]) == (1, 2, 2, 4)
+    assert one["efficiency"] == 1.0
+    for row in (one, two):
+        assert row["samples_per_second"] == pytest.approx(row["global_batch"] / row["step_ms"] * 1e3)
+        assert row["traced_steps"] == [4, 5]  # steps 0-1 untraced, 2-3 warm-up, 4-5 recorded
+    assert two["efficiency"] == pytest.approx(two["samples_per_second"] / (2 * one["samples_per_second"]))
+    assert one["comm_share"] == 0.0 < two["comm_share"] < 1.0  # one rank has no collective; two all-reduce
+    assert 0.0 <= two["exposed_comm_share"] <= two["comm_share"]
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (out / "weak_2ranks").glob("trace_rank*.json.gz")) == [
+        "trace_rank0_steps4-5.json.gz", "trace_rank1_steps4-5.json.gz"]
+
+
 # --------------------------------------------------------------------------- Slurm
 @pytest.mark.slurm
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import socket
 import statistics
@@ -170,6 +171,10 @@ def main(argv=None):
             if done.returncode != 0:
                 raise UserError(f"{mode} scaling with {world} rank(s) failed (exit {done.returncode}): "
                                 f"see {run_dir / 'log.txt'}")
+            if re.search(r"^epoch \d+/\d+ ", (run_dir / "log.txt").read_text(), re.M):
+                # validation between epochs would fall inside a traced step and inflate it
+                raise UserError(f"{mode} scaling with {world} rank(s): an epoch ended within --max-steps "
+                                f"{args.max_steps}; use a larger dataset (--dataset-size) or fewer --max-steps")
             row = dict(ranks=world, per_rank_batch=batch, global_batch=batch * world,
                        seconds=time.perf_counter() - started, **measure(run_dir, world, batch * world))
             rows.append(row)
