@@ -77,6 +77,14 @@ def test_mi300a_discovery_one_apu_per_numa_node():
     assert topo.l3_of[47] == 40 and topo.l3_of[143] == 40  # L3 L#5 holds cores 40-47
 
 
+def test_lumi_g_discovery_gcd_order_is_not_numa_order():
+    topo = discover(FIXTURES / "lumi-g", allowed_cpus=set(range(128)))
+    assert [g.pci for g in topo.gpus] == [a for a, _ in make_sysfs.LUMI_G_GCDS]
+    assert [(g.vendor, g.numa) for g in topo.gpus] == [("AMD", n) for n in (3, 3, 1, 1, 0, 0, 2, 2)]
+    assert len(topo.numa_cpus) == 4 and topo.smt() == 2 and topo.siblings(49) == {49, 113}
+    assert len(set(topo.l3_of.values())) == 8 and topo.l3_of[55] == 48  # CCD6 = cores 48-55
+
+
 def test_laptop_has_no_gpu_and_its_intel_igpu_does_not_count():
     topo = discover(LAPTOP, allowed_cpus=set(range(8)))
     assert topo.gpus == [] and list(topo.numa_cpus) == [0] and topo.smt() == 2
