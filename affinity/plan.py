@@ -166,8 +166,10 @@ def render(plan: list[Assignment], fmt: str, command: str = "python fno.py") -> 
     if fmt == "numactl":
         # --preferred, not --membind: a rank that outgrows its node's memory should slow down,
         # not be killed.
-        return "\n".join(f"LOCAL_RANK={a.rank} numactl --physcpubind={format_cpulist(a.cpus)} "
-                         f"--preferred={a.numa} {command}" for a in plan)
+        # The variables torchrun would set, so wellfno.launch (and bind_this_rank) sees rank r of n.
+        n = len(plan)
+        return "\n".join(f"RANK={a.rank} WORLD_SIZE={n} LOCAL_RANK={a.rank} LOCAL_WORLD_SIZE={n} "
+                         f"numactl --physcpubind={format_cpulist(a.cpus)} --preferred={a.numa} {command}" for a in plan)
     if fmt == "table":
         lines = [f"{'rank':>4}  {'GPU':>3}  {'PCI':<12}  {'NUMA':>4}  {'CPUs':>4}  CPU list"]
         for a in plan:

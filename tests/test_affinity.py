@@ -197,8 +197,8 @@ def test_cli_json_and_numactl_and_table():
         (2, "0000:82:00.0", 2, MI300A_NODE[2]), (3, "0000:c2:00.0", 3, MI300A_NODE[3])]
     r = run_cli("plan.py", "--sysfs", str(DGX), "--allowed-cpus", "48-63", "--gpus", "0-1", "--format", "numactl")
     assert r.stdout.splitlines() == [
-        "LOCAL_RANK=0 numactl --physcpubind=48-55 --preferred=3 python fno.py",
-        "LOCAL_RANK=1 numactl --physcpubind=56-63 --preferred=3 python fno.py"]
+        "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 numactl --physcpubind=48-55 --preferred=3 python fno.py",
+        "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 numactl --physcpubind=56-63 --preferred=3 python fno.py"]
     r = run_cli("plan.py", "--sysfs", str(LAPTOP), "--allowed-cpus", "0-7", "--nranks", "2")
     assert r.returncode == 0 and "0-1,4-5" in r.stdout and "2-3,6-7" in r.stdout
 
