@@ -309,3 +309,23 @@ def test_report_cli_prints_this_process():
     r = run_cli("report.py")
     assert r.returncode == 0, r.stderr
     assert f"cpus={format_cpulist(os.sched_getaffinity(0))}" in r.stdout and "match=n/a" in r.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("cpu_bind", ["cores", "none"])
+def test_srun_ranks_bind_to_disjoint_cpus_on_the_test_cluster(cpu_bind):
+    """Real srun: with its default core binding each task keeps the CPU srun gave it; with
+    --cpu-bind=none the tasks share the step's CPUs and bind_this_rank splits them."""
+    import shutil
+    if shutil.which("srun") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
+        pytest.skip("no Slurm cluster here (slurm/ci/start_cluster.sh starts one)")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    r = subprocess.run(["srun", "-n2", f"--cpu-bind={cpu_bind}", sys.executable, "affinity/report.py", "--bind"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr
+    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("host="))
+    assert [line.split()[1:3] for line in lines] == [["rank=0", "local_rank=0"], ["rank=1", "local_rank=1"]]
+    cpus = [parse_cpulist(line.split("cpus=")[1].split()[0]) for line in lines]
+    assert cpus[0] and cpus[1] and not cpus[0] & cpus[1]
