@@ -94,18 +94,12 @@ def gpu_cpus(topo: Topology, mode: str, gpu: Gpu, sharing: list[Gpu]) -> set[int
 
 
 def device_index_for(local_rank: int, local_world_size: int | None, visible: int,
-                     launcher: str = "single process") -> int:
-    """torch device index of the GPU a local rank drives among the `visible` ones.
-
-    wellfno.device.gpu_index_for's rule (one visible GPU: it; several: the local rank's), plus the
-    case it refuses: under srun --gpu-bind=closest each task sees the GPUs of its own NUMA node
-    (k of them, fewer than the ranks on the node), and the tasks that share those k GPUs are
-    consecutive local ranks when Slurm fills the node in blocks, so rank L takes GPU L mod k."""
+                     step_gpus: int | None = None) -> int:
+    """torch device index of the GPU a local rank drives among the `visible` ones: wellfno.device's
+    rule (one visible: it; one per rank: the local rank's; --gpu-bind=closest: local rank mod k)."""
     from wellfno.device import gpu_index_for  # imports torch: only where a GPU is involved
 
-    if launcher == "srun" and 1 < visible < (local_world_size or 0):
-        return local_rank % visible
-    return gpu_index_for(local_rank, local_world_size, visible)
+    return gpu_index_for(local_rank, local_world_size, visible, step_gpus)
 
 
 def make_plan(topo: Topology, mode: str = "exclusive", nranks: int | None = None,

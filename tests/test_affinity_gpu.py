@@ -103,8 +103,10 @@ def fake_torch(props: list):
 
 
 def srun_env(task: int, ntasks: int, cpu_bind: str) -> dict:
+    # SLURM_STEP_GPUS: the step's GPUs on this node (srun --gpus-per-node=N), whatever each task sees
     return {"SLURM_STEP_NUM_TASKS": str(ntasks), "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task),
-            "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": str(ntasks), "SLURM_CPU_BIND_TYPE": cpu_bind}
+            "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": str(ntasks), "SLURM_CPU_BIND_TYPE": cpu_bind,
+            "SLURM_STEP_GPUS": ",".join(map(str, range(ntasks)))}
 
 
 def torchrun_env(rank: int, nranks: int) -> dict:
