@@ -256,6 +256,15 @@ def test_merged_v100_and_mi250_keep_steps_and_launches_per_rank(v100):
     assert len(linked) == 4350 + 1600 + 145 + 8 and all(launcher is not None for _, launcher in linked)
     # Both traces use correlation ids from 135071 on: each kernel still finds its own rank's launch.
     assert all(rank_of_pid[e["pid"]] == rank_of_pid[launcher["pid"]] for e, launcher in linked)
+    # The tools read a merged file rank by rank: the same answers as on each rank's own trace.
+    (rank0, t0), (rank1, t1) = merge_traces.split(merged)
+    assert (rank0, rank1) == (0, 1)
+    assert summarize.device_breakdown(t1) == summarize.device_breakdown(mi250_trace())
+    assert [r["collectives"] for r in comms.communication(t0)] == [7] * 5
+    parts = {e["name"]: part for lane in timeline.lanes(merged) if lane["rank"] == 1 and lane["device"]
+             for e, part in lane["bars"]}
+    assert parts["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] == "backward"
+    assert parts["elementwise_kernel_adam"] == "optimizer"
 
 
 @pytest.mark.slow  # HolisticTraceAnalysis reads the 69k events again: ~20 s on 2 cores

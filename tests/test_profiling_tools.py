@@ -256,5 +256,13 @@ def test_communication_column_on_a_real_two_rank_gloo_ddp_run(tmp_path):
     result = run_script("profiling/summarize.py", tmp_path / "trace_rank1.json.gz")
     assert result.returncode == 0, result.stderr
     assert "collectives" in result.stdout and "overlap %" in result.stdout
-    merged = merge_traces.merge([(r, traces.load(tmp_path / f"trace_rank{r}.json.gz")) for r in (0, 1)])
-    assert len(traces.profiler_steps(merged)) == 2 * ACTIVE
+    out = tmp_path / "merged.json.gz"
+    result = run_script("profiling/merge_traces.py", *(tmp_path / f"trace_rank{r}.json.gz" for r in (0, 1)),
+                        "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert len(traces.profiler_steps(traces.load(out))) == 2 * ACTIVE
+    result = run_script("profiling/summarize.py", out, "--json", tmp_path / "merged_summary.json")
+    assert result.returncode == 0, result.stderr
+    assert "=== rank 0" in result.stdout and "=== rank 1" in result.stdout
+    by_rank = json.loads((tmp_path / "merged_summary.json").read_text())["ranks"]
+    assert [r["collectives"] for r in by_rank["1"]["steps"]] == [buckets, 0, buckets]
