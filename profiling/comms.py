@@ -41,8 +41,16 @@ def communication(trace: dict) -> list[dict]:
     for e in host_comm:
         by_lane[(e.get("pid"), e.get("tid"))].append(e)
     calls = defaultdict(int)
-    for lane_events in by_lane.values():
-        for e in traces.outermost(x for x in lane_events if CALL_COMM.match(x["name"])):
+    # The calls: c10d ops (torch 2 dispatches every collective through them). Without any (older
+    # torch), the backend's own ranges on threads that also run ops, i.e. not gloo's worker threads.
+    has_c10d = any(CALL_COMM.match(e["name"]) for e in host_comm)
+    op_lanes = {(e.get("pid"), e.get("tid")) for e in events if traces.category(e) == "cpu_op"}
+    for lane, lane_events in by_lane.items():
+        if has_c10d:
+            called = [e for e in lane_events if CALL_COMM.match(e["name"])]
+        else:
+            called = lane_events if lane in op_lanes else []
+        for e in traces.outermost(called):
             step = where.step_of(e["ts"])
             if step is not None:
                 calls[step] += 1
