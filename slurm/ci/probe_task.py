@@ -28,6 +28,7 @@ def main() -> int:
         record["dirs"]["ROCFFT_RTC_CACHE_PATH(parent)"] = os.path.isdir(os.path.dirname(env["ROCFFT_RTC_CACHE_PATH"]))
     name = (f"{env.get('SLURM_JOB_NAME', 'local')}-{env.get('SLURM_JOB_ID', os.getpid())}."
             f"{env.get('SLURM_STEP_ID', 'x')}-{env.get('SLURM_PROCID', '0')}.json")
+    os.makedirs(out, exist_ok=True)
     tmp = os.path.join(out, f".{name}.tmp")
     with open(tmp, "w") as f:
         json.dump(record, f, indent=1)
