@@ -367,6 +367,10 @@ def main(argv=None) -> int:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise UserError(f"--out {out} is a file; give a folder")
+        if args.cmd == "node":
+            for name in ("steps", "batch_size", "grid"):
+                if getattr(args, name) < 1:
+                    raise UserError(f"--{name.replace('_', '-')} must be at least 1")
         out.mkdir(parents=True, exist_ok=True)
         import torch
         if args.cmd == "task":
@@ -376,9 +380,6 @@ def main(argv=None) -> int:
                   "".join(f"; GPU {g['index']} matmul {'ok' if g['matmul_ok'] else 'FAILED'}, "
                           f"FFT {'ok' if g['fft_ok'] else 'FAILED'}" for g in rec["gpus"]), flush=True)
         else:
-            for name in ("steps", "batch_size", "grid"):
-                if getattr(args, name) < 1:
-                    raise UserError(f"--{name.replace('_', '-')} must be at least 1")
             rec = node_record(torch, args.steps, args.batch_size, args.grid, args.pytest,
                               Path(__file__).resolve().parents[1])
             atomic_write_json(out / "node.json", rec)
