@@ -645,35 +645,40 @@ def test_slurm_gpu_select_keeps_what_slurm_set(slurm_gpus, tmp_path):
     assert [r["env"].get("CUDA_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
 
 
-def test_slurm_gpu_check_passes_on_a_cpu_node(slurm_cluster, tmp_path):
-    """00_gpu_check for real on the CPU node: every part runs, the report says no GPU: N/A."""
+def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(slurm_gpus, tmp_path):
+    """00_gpu_check for real. On a CPU site every part runs and the report says no GPU: N/A;
+    on a GPU site (GPU_VENDOR=nvidia, a stand-in GPU) where torch sees no GPU the job FAILS,
+    so that afterok cancels the rest of the course."""
     need("wellfno/gpucheck.py")
     import json
-    run_root = tmp_path / "runs"
-    job = run_job("00_gpu_check.sbatch", "--steps", "2", "--batch-size", "2", "--grid", "16",
-                  env=job_env(run_root, tmp_path / "data"), run_root=run_root, timeout=240)
-    job.assert_completed()
-    rep = json.loads((job.run_dir / "gpu_check" / "gpu_check.json").read_text())
+    small = ("--steps", "2", "--batch-size", "2", "--grid", "8")
+    cpu_root, gpu_root = tmp_path / "cpu", tmp_path / "gpu"
+    cpu = sbatch("00_gpu_check.sbatch", *small, env=job_env(cpu_root, tmp_path / "data"), run_root=cpu_root)
+    gpu = sbatch("00_gpu_check.sbatch", *small, run_root=gpu_root, sbatch_opts=["--ntasks=1", "--gpus-per-node=1"],
+                 env=job_env(gpu_root, tmp_path / "data", GPU_VENDOR="nvidia", GPUS_PER_NODE="1"))
+    wait(cpu, timeout=240)
+    cpu.assert_completed()
+    rep = json.loads((cpu.run_dir / "gpu_check" / "gpu_check.json").read_text())
     assert rep["status"] == "no GPU: N/A" and not rep["problems"], rep["problems"]
     (task,) = rep["tasks"]
     assert task["gpus"] == [] and task["cpu_check"]["matmul_ok"] and task["cpu_check"]["fft_ok"]
     assert rep["node"]["training"]["steps"] == 2
-    text = (job.run_dir / "gpu_check" / "gpu_check.txt").read_text()
+    text = (cpu.run_dir / "gpu_check" / "gpu_check.txt").read_text()
     assert text.startswith("GPU check: no GPU: N/A") and "GPU utilization: not available" in text
+    wait(gpu, timeout=240)
+    assert gpu.state == "FAILED", gpu.logs()
+    log = gpu.out.read_text()
+    assert "GPU check: FAIL" in log and "torch sees no GPU" in log, gpu.logs()
+    rep = json.loads((gpu.run_dir / "gpu_check" / "gpu_check.json").read_text())
+    assert rep["tasks"][0]["visible"]["CUDA_VISIBLE_DEVICES"] == "0", "the task did not get its stand-in GPU"
 
 
 def test_slurm_gpu_site_job_without_gpus_fails_in_one_line(slurm_gpus, slurm_data, tmp_path):
     """On a GPU site, a step submitted by plain sbatch (no GPU asked for) stops at once and says
-    how to submit it; the day-0 check on a GPU site whose torch sees no GPU fails the job."""
+    how to submit it."""
     run_root = tmp_path / "runs"
     env = job_env(run_root, slurm_data, GPU_VENDOR="nvidia", GPUS_PER_NODE="2")
-    job = sbatch("01_profiling.sbatch", env=env, run_root=run_root)
-    check = sbatch("00_gpu_check.sbatch", "--steps", "1", "--batch-size", "1", "--grid", "8", env=env,
-                   run_root=run_root, sbatch_opts=["--ntasks=1", "--gpus-per-node=1"])
-    wait(job, timeout=60)
+    job = run_job("01_profiling.sbatch", env=env, run_root=run_root, timeout=60)
     assert job.state == "FAILED", job.logs()
     errors = error_lines(job.err.read_text())
     assert len(errors) == 1 and "has no GPU; submit it with slurm/submit_all.sh 01_profiling" in errors[0], job.logs()
-    wait(check, timeout=240)
-    assert check.state == "FAILED", check.logs()
-    assert "PROBLEM: rank 0 on" in check.out.read_text() and "torch sees no GPU" in check.out.read_text()
