@@ -19,8 +19,6 @@ with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
 import argparse
 import datetime
 import os
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,11 +35,12 @@ from profiling import summarize, timeline, traces
 
 from wellfno import data, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
-from wellfno.device import pick_backend
+from wellfno.device import DEVICE_CHOICES, pick_backend, pick_device
 from wellfno.fastwell import fast_datasets
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
+from wellfno.watchdog import Watchdog
 
 
 def parse_args(argv=None):
@@ -55,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="samples per step on each rank")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -95,14 +94,6 @@ def parse_args(argv=None):
     if args.eval_only and args.profile:
         raise UserError("--profile traces training steps: drop it with --eval-only")
     return args
-
-
-def pick_device(name):
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but torch sees no GPU: use --device cpu, or run on a GPU node")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm builds report as cuda too
-    return torch.device(name)
 
 
 def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=None, show=True):
@@ -173,59 +164,13 @@ def samples_left_out(sampler):
     return sorted(set(range(len(sampler.dataset))) - taken)
 
 
-class Watchdog:
-    """INTERIM stand-in for wellfno.watchdog.Watchdog (exercise 04's, being merged): same use.
-
-    A rank that raises posts "rank R failed: ..." in the process group's store; a thread on every rank
-    polls it and ends its rank (which may be blocked in a collective) with one line. A collective that
-    loses its peer (a rank died: gloo notices at once) ends this rank with one line too.
-    """
-
-    def __init__(self, rank, world_size, poll_s=1.0):
-        self.rank, self.world_size, self.poll_s, self.done = rank, world_size, poll_s, threading.Event()
-
-    def __enter__(self):
-        self.store = dist.distributed_c10d._get_default_store()
-        threading.Thread(target=self._watch, daemon=True).start()
-        return self
-
-    def _watch(self):
-        while not self.done.wait(self.poll_s):
-            try:
-                if not self.store.check(["wellfno/failed"]):
-                    continue
-                why = self.store.get("wellfno/failed").decode()
-            except Exception:  # noqa: BLE001 - the store lives in rank 0: it is gone
-                if self.done.wait(3 * self.poll_s):
-                    return  # rank 0 simply finished first
-                why = "rank 0 is gone (it hosts the rendezvous)"
-            tqdm.write(f"error: {why}; stopped all {self.world_size} ranks", file=sys.stderr)
-            os._exit(1)
-
-    def __exit__(self, kind, err, tb):
-        if err is None:
-            dist.barrier()  # nobody leaves while another still needs rank 0's store
-            self.done.set()
-            return False
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        if any(hint in text for hint in ("Connection reset", "Connection closed", "Broken pipe")):
-            time.sleep(2 * self.poll_s)  # a rank that raised posts why: the thread reports it
-            raise UserError(f"rank {self.rank} lost another rank ({text[:120]}): it died? the launcher's log "
-                            f"names it; stopped") from None
-        try:
-            self.store.compare_set("wellfno/failed", "", f"rank {self.rank} failed: {text}"
-                                   f"{'' if isinstance(err, UserError) else f' ({err.__class__.__name__})'}")
-        except Exception:  # noqa: BLE001 - the store is gone too: the launcher or --timeout ends the others
-            pass
-        return False
-
-
 def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; no launcher: rank 0 of 1
     device = pick_device(args.device)
     # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size, device.type == "cuda")
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size, device.type == "cuda",
+                                   env.step_gpus)
     if args.device != "auto" and device.type != args.device:
         raise UserError(f"--backend {backend} and --device {args.device} do not go together: nccl runs on GPUs, "
                         f"gloo here on CPUs")
