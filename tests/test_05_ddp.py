@@ -308,7 +308,9 @@ def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
                              str(tiny_data_dir), "--out", str(out), "--", "--bind", "none"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    scaling = json.loads((out / "scaling.json").read_text())
+    written = json.loads((out / "scaling.json").read_text())
+    assert written["command"].startswith("python solutions/05_ddp/scaling.py --ranks 1 2") and written["machine"]["cpu"]
+    scaling = written["data"]
     one, two = scaling["modes"]["weak"]
     assert (one["ranks"], one["global_batch"], two["ranks"], two["global_batch"]) == (1, 2, 2, 4)
     assert one["efficiency"] == 1.0

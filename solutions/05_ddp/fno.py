@@ -303,8 +303,8 @@ def train(args, env, backend, device):
         if env.rank == 0:
             sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
             print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-            summarize.print_summary(traces.load(trace), path=trace)
-            print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace)}")
+            loaded = summarize.print_summary(trace)
+            print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")
         return
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")

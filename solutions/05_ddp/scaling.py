@@ -16,7 +16,9 @@ samples/s(N) / (N x samples/s(1)): 1.0 is perfect. The communication share is th
 collectives over the step time, from the traces (profiling.comms: host ranges of gloo/NCCL
 collectives, or NCCL/RCCL kernels on GPUs); `exposed` is the part no backward compute overlaps.
 
-Writes OUT/scaling.json (every number, the commands, the machine) and OUT/scaling.png.
+Writes OUT/scaling.json (a results file: the command, the machine, every number, the runs'
+commands) and OUT/scaling.png; --results PATH writes the same JSON there too (the repository's
+copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/README.md by `scaling_table`).
 The per-rank traces stay in OUT/<mode>_<N>ranks/ for ui.perfetto.dev.
 """
 from __future__ import annotations
@@ -34,8 +36,9 @@ from pathlib import Path
 
 from profiling import comms, summarize, traces
 from wellfno import data, plots
-from wellfno.cli import UserError, atomic_write_json, run_main
-from wellfno.machine import cpu_model
+from wellfno.cli import UserError, run_main
+from wellfno.machine import describe
+from wellfno.results import caption, md_table, read_result, write_result
 
 SCRIPT = Path(__file__).resolve().parent / "fno.py"
 
@@ -60,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"))
     p.add_argument("--out", default="runs/scaling")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
+    p.add_argument("--results", help="also write scaling.json to this path (e.g. results/05_ddp_scaling.json)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more options for fno.py")
     args = p.parse_args(argv)
     if min(args.ranks) < 1 or args.batch_size < 1 or args.active < 1 or args.max_steps < args.active + 3:
@@ -80,7 +84,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(args, world: int, batch: int, out: Path, data_dir: Path) -> list[str]:
+def run_command(args, world: int, batch: int, out: Path, data_dir: Path) -> list[str]:
     fno = [str(SCRIPT), "--data-dir", str(data_dir), "--dataset", args.dataset, "--out", str(out),
            "--batch-size", str(batch), "--epochs", "1000", "--max-steps", str(args.max_steps), "--profile",
            "--profile-warmup", "2", "--profile-active", str(args.active), "--device", args.device, *args.extra]
@@ -113,7 +117,7 @@ def measure(run_dir: Path, world: int, global_batch: int) -> dict:
                 exposed_comm_share=(comm - sum(r.get("overlap_ms", 0.0) for r in rows)) / total)
 
 
-def scaling_figure(result: dict, path: Path) -> Path:
+def scaling_figure(result: dict, machine: str, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,7 +138,7 @@ def scaling_figure(result: dict, path: Path) -> Path:
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"solution 05 scaling on {result['machine']} ({result['device']}, {result['launcher']})", fontsize=9)
+    fig.suptitle(f"solution 05 scaling on {machine} ({result['device']}, {result['launcher']})", fontsize=8)
     fig.tight_layout()
     return plots.save_png(fig, path)
 
@@ -148,15 +152,15 @@ def main(argv=None):
 
         generate(Path(args.data_dir), args.dataset_size)
     data.resolve_dataset(args.data_dir, args.dataset)
-    result = dict(machine=cpu_model(), device=args.device, launcher=args.launcher, dataset=str(dataset_dir),
-                  ranks=args.ranks, max_steps=args.max_steps, traced_steps=args.active,
-                  load_average_before=os.getloadavg(), modes={}, commands=[])
+    result = dict(device=args.device, launcher=args.launcher, dataset=str(dataset_dir), ranks=args.ranks,
+                  max_steps=args.max_steps, traced_steps=args.active, load_average_before=os.getloadavg()[0],
+                  modes={}, commands=[])
     for mode in args.modes:
         rows = []
         for world in args.ranks:
             batch = args.batch_size if mode == "weak" else args.global_batch // world
             run_dir = out / f"{mode}_{world}ranks"
-            cmd = command(args, world, batch, run_dir, Path(args.data_dir))
+            cmd = run_command(args, world, batch, run_dir, Path(args.data_dir))
             print(f"{mode} scaling, {world} rank(s), {batch} per rank: {shlex.join(cmd)}", flush=True)
             started = time.perf_counter()
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -183,10 +187,13 @@ def main(argv=None):
             row["efficiency"] = row["samples_per_second"] / (row["ranks"] / rows[0]["ranks"] *
                                                              rows[0]["samples_per_second"])
         result["modes"][mode] = rows
-    result["load_average_after"] = os.getloadavg()
-    atomic_write_json(out / "scaling.json", result)
-    figure = scaling_figure(result, out / "scaling.png")
-    print(f"\nscaling of solutions/05_ddp/fno.py on {result['machine']} ({args.device}, {args.launcher}):")
+    result["load_average_after"] = os.getloadavg()[0]
+    command = shlex.join(["python", "solutions/05_ddp/scaling.py", *(argv if argv is not None else sys.argv[1:])])
+    written = read_result(write_result(out / "scaling.json", command, result))
+    if args.results:
+        write_result(args.results, command, result)
+    figure = scaling_figure(result, describe(written["machine"]), out / "scaling.png")
+    print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} ({args.device}, {args.launcher}):")
     print(f"{'mode':>7} {'ranks':>5} {'batch/rank':>10} {'step ms':>8} {'samples/s':>10} {'efficiency':>10} "
           f"{'comm':>6} {'exposed':>8}")
     for mode, rows in result["modes"].items():
@@ -194,7 +201,18 @@ def main(argv=None):
             print(f"{mode:>7} {r['ranks']:5d} {r['per_rank_batch']:10d} {r['step_ms']:8.1f} "
                   f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} {100 * r['comm_share']:5.1f}% "
                   f"{100 * r['exposed_comm_share']:7.1f}%")
-    print(f"Wrote {out / 'scaling.json'} and {figure}")
+    print(f"Wrote {out / 'scaling.json'}{' and ' + args.results if args.results else ''} and {figure}")
+
+
+def scaling_table(root: Path) -> str:
+    """The README table of results/05_ddp_scaling.json (`python -m wellfno.results render`)."""
+    result = read_result(Path(root) / "results" / "05_ddp_scaling.json")
+    rows = [[mode, r["ranks"], r["per_rank_batch"], r["global_batch"], f"{r['step_ms']:.0f}",
+             f"{r['samples_per_second']:.1f}", f"{r['efficiency']:.2f}", f"{100 * r['comm_share']:.0f} %",
+             f"{100 * r['exposed_comm_share']:.0f} %"]
+            for mode, mode_rows in result["data"]["modes"].items() for r in mode_rows]
+    return md_table(["scaling", "ranks", "batch per rank", "global batch", "step ms", "samples/s", "efficiency",
+                     "in collectives", "exposed"], rows) + "\n\n" + caption(result)
 
 
 if __name__ == "__main__":
