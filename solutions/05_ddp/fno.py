@@ -1,17 +1,9 @@
-"""Data parallel: solution 03 on every GPU of a node or of many nodes (DistributedDataParallel), exact metrics.
+"""Solution 05: solution 03 trained by all ranks together (DistributedDataParallel), metrics exact for any world size.
 
     torchrun --nproc-per-node 4 solutions/05_ddp/fno.py --batch-size 16      # 4 ranks, 16 samples each per step
     srun -N 2 --ntasks-per-node 4 --gpus-per-task 1 python solutions/05_ddp/fno.py   # one task per GPU
     python solutions/05_ddp/fno.py                                            # one rank, as solution 03
     torchrun --nproc-per-node 3 solutions/05_ddp/fno.py --eval-only --out runs/ddp  # evaluate OUT/checkpoint.pt
-
-Earlier steps:
-
-    python fno.py                                   # embedded Gray-Scott data, made on first use
-    python fno.py --dataset turbulent_radiative_layer_2D --data-dir /scratch/well --download
-    python solutions/01_profiling/fno.py --profile --max-steps 12   # trace steps 7-11, then stop
-    python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --persistent-workers --fast-reader
-    srun -n 4 --gpus-per-node=4 python solutions/03_affinity/fno.py --num-workers 4 --bind exclusive
 
 Rank 0 writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
 with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
@@ -24,8 +16,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from the_well.data import WellDataset
+from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
@@ -34,9 +28,9 @@ from affinity.report import report_line
 from profiling import summarize, timeline, traces
 
 from wellfno import data, plots
-from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
+from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
 from wellfno.device import DEVICE_CHOICES, pick_backend, pick_device
-from wellfno.fastwell import fast_datasets
+from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
@@ -89,17 +83,28 @@ def parse_args(argv=None):
     for name in ("epochs", "batch_size", "n_steps_input"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.timeout <= 0:
-        raise UserError("--timeout must be more than 0 seconds")
+    if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
+        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to 2**63-1")
+    if not 0 < args.timeout < float("inf"):
+        raise UserError("--timeout must be a positive number of seconds")
     if args.eval_only and args.profile:
         raise UserError("--profile traces training steps: drop it with --eval-only")
+    check_output_dir(args.out)
     return args
 
 
-def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=None, show=True):
+WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
+
+
+def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, untimed_steps=0, prof=None, show=True):
+    """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history (this rank's).
+
+    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
+    """
     model.train()
     fno = model.module if isinstance(model, DistributedDataParallel) else model  # DDP wraps the FNO
-    total_loss, samples, start = 0.0, 0, time.perf_counter()
+    total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
+    start = timed_from = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True, disable=not show)
     batches = iter(bar)
     while True:
@@ -116,16 +121,24 @@ def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=No
             loss.backward()
         with record_function("optimizer"):
             optimizer.step()
-        total_loss += loss.item() * len(x)
-        samples += len(x)
-        bar.set_postfix(loss=f"{loss.item():.4f}", samples_per_s=f"{samples / (time.perf_counter() - start):.0f}")
-        steps_left -= 1
+        # One read-back per step (on a GPU it waits for the step to finish), reused for the sum and
+        # the progress bar. Exercise 06 removes even this one.
+        loss_value = loss.item()
+        total_loss += loss_value * len(x)
+        samples, steps = samples + len(x), steps + 1
+        if steps <= untimed_steps:
+            timed_from = time.perf_counter()
+        else:
+            timed_samples += len(x)
+        bar.set_postfix(loss=f"{loss_value:.4f}")
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
-        if steps_left == 0:
+        if steps == max_steps:
             break
     bar.close()
-    return total_loss / samples, samples, time.perf_counter() - start
+    end = time.perf_counter()
+    return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps, seconds=end - start,
+                timed_samples=timed_samples, timed_seconds=end - timed_from)
 
 
 @torch.no_grad()
@@ -142,15 +155,21 @@ def validate(model, loader, device):
     return (total[0] / total[1]).item()
 
 
-def over_ranks(train_loss, samples, seconds, device):
-    """One epoch of every rank: mean loss over all samples, samples, the slowest rank's seconds, per-rank rates."""
-    mine = torch.tensor([train_loss * samples, samples, seconds], dtype=torch.float64, device=device)
+def over_ranks(row, device):
+    """This epoch's row for all ranks: loss over every sample, samples summed, the slowest rank's seconds."""
+    keys = ("train_loss", "samples", "seconds", "timed_samples", "timed_seconds")
+    mine = torch.tensor([row["train_loss"] * row["samples"], *(row[k] for k in keys[1:])], dtype=torch.float64,
+                        device=device)
     everyone = [mine]
     if dist.is_initialized():
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(everyone, mine)
-    loss_sum, n, secs = torch.stack(everyone).cpu().T
-    return (loss_sum.sum() / n.sum()).item(), int(n.sum()), secs.max().item(), (n / secs).tolist()
+    loss_sum, samples, seconds, timed_samples, timed_seconds = torch.stack(everyone).cpu().double().T
+    return dict(row, train_loss=(loss_sum.sum() / samples.sum()).item(), samples=int(samples.sum()),
+                seconds=seconds.max().item(), timed_samples=int(timed_samples.sum()),
+                timed_seconds=timed_seconds.max().item(), world_size=len(everyone),
+                samples_per_second_per_rank=((timed_samples / timed_seconds) if timed_samples.all() else
+                                             (samples / seconds)).tolist())
 
 
 def samples_left_out(sampler):
@@ -205,16 +224,22 @@ def train(args, env, backend, device):
                         f"--out at the folder of a trained run")
     if env.rank > 0:
         dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
-    dataset_dir = data.resolve_dataset(args.data_dir, args.dataset, args.download)
+    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     if env.rank == 0 and env.is_distributed:
         dist.barrier()
-    splits = (fast_datasets if args.fast_reader else data.well_datasets)(dataset_dir, args.n_steps_input)
+    data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with DATASET/stats.yaml.
+    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_input=args.n_steps_input,
+                            n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,
+                            return_grid=False, boundary_return_type=None)
+              for split in ("train", "valid")}
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} samples, fewer than "
                             f"the {env.world_size} ranks: start at most {len(splits[split])} ranks")
     fields = data.channel_names(splits["train"])
-    stats = channel_stats(data.load_stats(dataset_dir), splits["train"].core_field_names)
+    stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     if args.pin_memory and device.type != "cuda":  # page-locking only speeds up copies to a GPU; torch would warn
         log(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
     loader_options = dict(num_workers=args.num_workers, pin_memory=args.pin_memory and device.type == "cuda")
@@ -240,13 +265,13 @@ def train(args, env, backend, device):
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
     if (args.resume or args.eval_only) and checkpoint.exists():  # every rank loads it: same model, same Adam state
-        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        state = load_checkpoint(checkpoint, map_location=device)
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError):
+            first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+        except (KeyError, RuntimeError, ValueError):
             raise UserError(f"{checkpoint} was trained with other settings: use another --out or drop --resume")
-        first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
         log(f"{'Evaluating' if args.eval_only else 'Resuming from'} {checkpoint} after epoch {state['epoch']}"
             f" (trained with {state.get('world_size', 1)} rank(s), now {env.world_size})")
     # DDP copies rank 0's weights to all ranks; backward averages the gradients over the ranks (all-reduce,
@@ -264,14 +289,14 @@ def train(args, env, backend, device):
     if args.profile:
         first = args.profile_wait + args.profile_warmup  # the recorded steps are ProfilerStep#first..#last
         trace = out / f"trace_rank{env.rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        activities = [ProfilerActivity.CPU]
-        if device.type == "cuda":  # kernels and copies on the GPU (ROCm builds too); never asked for on CPU
-            activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=True, profile_memory=args.profile_memory,
+        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        prof = profile(activities=activities, profile_memory=args.profile_memory,
                        with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace, env.rank),
                        schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
                                          active=args.profile_active, repeat=1))
         prof.start()
+
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
@@ -280,19 +305,17 @@ def train(args, env, backend, device):
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: {len(splits['train'])} samples "
                 f"do not divide by {env.world_size} ranks)")
-        steps_left = args.max_steps - step if args.max_steps else -1
-        train_loss, samples, seconds = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch,
-                                                       steps_left, prof, show=env.rank == 0)
-        step += -(-samples // args.batch_size)
+        row = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch,
+                              max_steps=args.max_steps - step if args.max_steps else None,
+                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof, show=env.rank == 0)
+        step += row["steps"]  # the same on every rank
         if prof and step >= args.max_steps:
             break  # the profiled window is over: no validation, no checkpoint
-        train_loss, samples, seconds, rank_rates = over_ranks(train_loss, samples, seconds, device)
-        valid_loss = validate(model, valid_loader, device)
-        history.append(dict(epoch=epoch, train_loss=train_loss, valid_loss=valid_loss, samples=samples,
-                            seconds=seconds, world_size=env.world_size, samples_per_second_per_rank=rank_rates,
-                            samples_left_out=left_out))
-        log(f"epoch {epoch}/{args.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
-            f"{samples / seconds:.0f} samples/s ({env.world_size} rank(s))")
+        row = over_ranks(row, device)
+        row["valid_loss"], row["samples_left_out"] = validate(model, valid_loader, device), left_out
+        history.append(row)
+        log(f"epoch {epoch}/{args.epochs}  train_loss {row['train_loss']:.4f}  valid_loss {row['valid_loss']:.4f}  "
+            f"{row['samples'] / row['seconds']:.0f} samples/s ({env.world_size} rank(s))")
         if env.rank == 0:  # one writer; the others hold the same model
             atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                                                epoch=epoch, step=step, history=history, world_size=env.world_size))
@@ -315,9 +338,9 @@ def train(args, env, backend, device):
                                                                 world_size=env.world_size)
     if env.rank > 0:
         return
+    true, pred = example
     for k in range(min(5, len(model_vrmse))):
         print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence {persistence_vrmse[k]:.4f}")
-    true, pred = example
     plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"], std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     if args.eval_only:
@@ -326,10 +349,13 @@ def train(args, env, backend, device):
             world_size=env.world_size, epoch=history[-1]["epoch"], device=str(device), dataset=str(dataset_dir)))
         print(f"valid_loss {valid_loss:.6f}; wrote {out / 'eval.json'}, {out / 'rollout.png'}")
         return
-    seconds = sum(h["seconds"] for h in history)
+    samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
+    excludes = f"the first {WARMUP_STEPS} step(s) of this run (start-up: FFT plans, allocator, loader start)"
+    if not samples:  # a run too short to leave the start-up out
+        samples, seconds, excludes = sum(h["samples"] for h in history), sum(h["seconds"] for h in history), "nothing"
     atomic_write_json(out / "metrics.json", dict(
-        samples_per_second=sum(h["samples"] for h in history) / seconds,
-        samples_per_second_per_rank=history[-1]["samples_per_second_per_rank"],  # the last epoch's
+        samples_per_second=samples / seconds, samples_per_second_excludes=excludes,
+        samples_per_second_per_rank=history[-1].get("samples_per_second_per_rank"),  # the last epoch's, timed steps
         world_size=env.world_size, global_batch_size=global_batch,
         train_loss=history[-1]["train_loss"], valid_loss=valid_loss,
         rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse, device=str(device),
