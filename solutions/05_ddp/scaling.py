@@ -165,7 +165,7 @@ def main(argv=None):
     data.resolve_dataset(args.data_dir, args.dataset)
     result = dict(device=args.device, launcher=args.launcher, threads_per_rank=1 if on_cpu(args) else None,
                   dataset=str(dataset_dir), ranks=args.ranks,
-                  max_steps=args.max_steps, traced_steps=args.active, load_average_before=os.getloadavg()[0],
+                  max_steps=args.max_steps, traced_steps=args.active, load_average_before=round(os.getloadavg()[0], 2),
                   modes={}, commands=[])
     for mode in args.modes:
         rows = []
@@ -200,7 +200,7 @@ def main(argv=None):
             row["efficiency"] = row["samples_per_second"] / (row["ranks"] / rows[0]["ranks"] *
                                                              rows[0]["samples_per_second"])
         result["modes"][mode] = rows
-    result["load_average_after"] = os.getloadavg()[0]
+    result["load_average_after"] = round(os.getloadavg()[0], 2)
     command = shlex.join(["python", "solutions/05_ddp/scaling.py", *(argv if argv is not None else sys.argv[1:])])
     written = read_result(write_result(out / "scaling.json", command, result))
     if args.results:
