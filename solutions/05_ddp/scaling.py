@@ -164,9 +164,8 @@ def main(argv=None):
         generate(Path(args.data_dir), args.dataset_size)
     data.resolve_dataset(args.data_dir, args.dataset)
     result = dict(device=args.device, launcher=args.launcher, threads_per_rank=1 if on_cpu(args) else None,
-                  dataset=str(dataset_dir), ranks=args.ranks,
-                  max_steps=args.max_steps, traced_steps=args.active, load_average_before=round(os.getloadavg()[0], 2),
-                  modes={}, commands=[])
+                  dataset=str(dataset_dir), ranks=args.ranks, max_steps=args.max_steps, traced_steps=args.active,
+                  load_average_before=round(os.getloadavg()[0], 2), modes={}, commands=[])
     for mode in args.modes:
         rows = []
         for world in args.ranks:
