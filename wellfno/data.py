@@ -148,16 +148,43 @@ def rollout_dataset(dataset_dir: Path, n_steps_input: int, split: str = "valid")
 
 
 def to_channels(fields):
-    """(B, T, H, W, F) -> (B, T*F, H, W): time steps and fields stacked as channels, as FNO wants."""
-    b, t, h, w, f = fields.shape
-    return fields.permute(0, 1, 4, 2, 3).reshape(b, t * f, h, w)
+    """(B, T, *spatial, C) -> (B, T*C, *spatial): time steps and channels stacked as channels, as FNO wants.
+
+    Any number of spatial axes: The Well has 2-D and 3-D datasets.
+    """
+    return fields.movedim(-1, 2).flatten(1, 2)
+
+
+def model_inputs(frames, constant_fields=None):
+    """The model's input: frames (B, T, *spatial, C) as channels, then constant fields (B, *spatial, K).
+
+    Fields that do not change in time (a material's density, a geometry mask) come once, after
+    the frames, z-scored by WellDataset like every field: what the_well's own training code does
+    (the_well.data.data_formatter.DefaultChannelsFirstFormatter), so a model trained here reads
+    its inputs in the same order. NaNs become 0, as there (the_well: "in some cases (staircase),
+    it's ok").
+    """
+    x = to_channels(frames)
+    if constant_fields is not None:
+        import torch
+
+        x = torch.cat([x, constant_fields.movedim(-1, 1)], dim=1)
+    return x.nan_to_num()
 
 
 def batch_to_model(batch: dict, device, non_blocking: bool = False):
-    """A WellDataset batch -> (inputs (B, T*F, H, W), target (B, F, H, W)) on `device`."""
-    x = to_channels(batch["input_fields"]).to(device, non_blocking=non_blocking)
-    y = to_channels(batch["output_fields"][:, :1]).to(device, non_blocking=non_blocking)
-    return x, y
+    """A WellDataset batch -> (inputs (B, T*C + K, *spatial), target (B, C, *spatial)) on `device`.
+
+    Copy first, change the layout after, on the device: `.to()` then gets the DataLoader's own
+    tensors, which are page-locked with pin_memory=True, so a non_blocking copy is asynchronous.
+    Permuting on the host first would hand `.to()` a new pageable tensor: a synchronous copy.
+    """
+    inputs = batch["input_fields"].to(device, non_blocking=non_blocking)
+    outputs = batch["output_fields"].to(device, non_blocking=non_blocking)
+    constants = batch.get("constant_fields")  # WellDataset leaves the key out when there are none
+    if constants is not None:
+        constants = constants.to(device, non_blocking=non_blocking)
+    return model_inputs(inputs, constants), to_channels(outputs[:, :1]).nan_to_num()
 
 
 def load_stats(dataset_dir: Path) -> dict:

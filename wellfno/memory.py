@@ -59,7 +59,7 @@ def _gb(n: float) -> str:
 def check_step_fits(model, batch_size: int, resolution, device: torch.device, available: int | None = None) -> str:
     """One line with the estimate; UserError (what to change) when it exceeds what the device has."""
     n_parameters = sum(p.numel() for p in model.parameters())
-    need = step_bytes(n_parameters, batch_size, resolution, model.in_channels, model.n_fields, model.width,
+    need = step_bytes(n_parameters, batch_size, resolution, model.in_channels, model.channels_per_frame, model.width,
                       model.layers)
     what = "memory"
     if available is None:
@@ -70,7 +70,7 @@ def check_step_fits(model, batch_size: int, resolution, device: torch.device, av
     if need <= available or os.environ.get("WELLFNO_SKIP_MEMORY_CHECK"):
         return line
     fits = max((b for b in range(1, batch_size) if step_bytes(n_parameters, b, resolution, model.in_channels,
-                                                             model.n_fields, model.width, model.layers)
+                                                             model.channels_per_frame, model.width, model.layers)
                 <= available), default=0)
     if fits:
         advice = f"lower --batch-size to {fits}"

@@ -64,9 +64,10 @@ def smooth_noise(rng: np.random.Generator, shape: tuple[int, ...], n_spatial: in
     k2 = np.zeros([n // 2 + 1 if i == n_spatial - 1 else n for i, n in enumerate(spatial)])
     for i, n in enumerate(spatial):
         freq = (np.fft.rfftfreq(n) if i == n_spatial - 1 else np.fft.fftfreq(n)) * n  # cycles per domain
-        k2 = k2 + freq.reshape([-1 if j == i else 1 for j in range(n_spatial)]) ** 2
+        cutoff = min(CUTOFF_CYCLES, n / 8)  # at least 8 cells per wavelength on a coarse grid
+        k2 = k2 + (freq.reshape([-1 if j == i else 1 for j in range(n_spatial)]) / cutoff) ** 2
     noise = rng.standard_normal(shape)
-    field = np.fft.irfftn(np.fft.rfftn(noise, axes=axes) * np.exp(-k2 / (2 * CUTOFF_CYCLES**2)), s=spatial, axes=axes)
+    field = np.fft.irfftn(np.fft.rfftn(noise, axes=axes) * np.exp(-k2 / 2), s=spatial, axes=axes)
     field -= field.mean(axis=axes, keepdims=True)
     return field / np.maximum(field.std(axis=axes, keepdims=True), 1e-12)
 
