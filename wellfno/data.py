@@ -137,14 +137,14 @@ def well_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "v
     }
 
 
-def rollout_dataset(dataset_dir: Path, n_steps_input: int, split: str = "valid"):
-    """Whole trajectories: the first n_steps_input frames in, all the rest out."""
+def rollout_dataset(dataset_dir: Path, n_steps_input: int, split: str = "valid", max_rollout_steps: int = 100):
+    """Whole trajectories: the first n_steps_input frames in, the rest (at most max_rollout_steps) out."""
     from the_well.data import WellDataset
     from the_well.data.normalization import ZScoreNormalization
 
     return WellDataset(path=str(dataset_dir), well_split_name=split, n_steps_input=n_steps_input,
-                       full_trajectory_mode=True, use_normalization=True, normalization_type=ZScoreNormalization,
-                       return_grid=False, boundary_return_type=None)
+                       full_trajectory_mode=True, max_rollout_steps=max_rollout_steps, use_normalization=True,
+                       normalization_type=ZScoreNormalization, return_grid=False, boundary_return_type=None)
 
 
 def to_channels(fields):

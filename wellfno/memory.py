@@ -59,8 +59,8 @@ def _gb(n: float) -> str:
 def check_step_fits(model, batch_size: int, resolution, device: torch.device, available: int | None = None) -> str:
     """One line with the estimate; UserError (what to change) when it exceeds what the device has."""
     n_parameters = sum(p.numel() for p in model.parameters())
-    need = step_bytes(n_parameters, batch_size, resolution, model.in_channels, model.channels_per_frame, model.width,
-                      model.layers)
+    need = step_bytes(n_parameters, batch_size, resolution, model.in_channels, model.channels_per_frame,
+                      model.width, model.layers)
     what = "memory"
     if available is None:
         available, what = available_bytes(device)
@@ -69,12 +69,33 @@ def check_step_fits(model, batch_size: int, resolution, device: torch.device, av
             f"{model.layers} layers, {grid} cells); {what}: {_gb(available)}")
     if need <= available or os.environ.get("WELLFNO_SKIP_MEMORY_CHECK"):
         return line
-    fits = max((b for b in range(1, batch_size) if step_bytes(n_parameters, b, resolution, model.in_channels,
-                                                             model.channels_per_frame, model.width, model.layers)
-                <= available), default=0)
+    fits = max((b for b in range(1, batch_size)
+                if step_bytes(n_parameters, b, resolution, model.in_channels, model.channels_per_frame,
+                              model.width, model.layers) <= available), default=0)
     if fits:
         advice = f"lower --batch-size to {fits}"
     else:
         advice = ("even --batch-size 1 does not fit: use a device with more memory (a GPU node), "
                   "a lower-resolution dataset, or a smaller --width")
     raise UserError(f"{line}: too much; {advice} (WELLFNO_SKIP_MEMORY_CHECK=1 runs anyway)")
+
+
+def rollout_steps(resolution, channels: int, device: torch.device, wanted: int = 100,
+                  available: tuple[int, int] | None = None) -> int:
+    """How many rollout steps (at most `wanted`, the_well's default) a validation trajectory may have.
+
+    WellDataset reads a whole trajectory into host memory, and the rollout keeps the true and
+    the predicted frames on the device: 3 copies of T frames of `channels` float32 channels
+    (MHD_256: 100 frames are 47 GB each). Each may use half of what is free (host, device).
+    """
+    frame = 4 * math.prod(resolution) * channels
+    if available is None:
+        host, _ = available_bytes(torch.device("cpu"))
+        gpu = available_bytes(device)[0] if device.type == "cuda" else host
+        available = (host, gpu)
+    host, gpu = available
+    if device.type == "cuda":  # the trajectory on the host, true and predicted frames on the GPU
+        fit = min(host // 2 // frame, gpu // 2 // (2 * frame))
+    else:  # all three in RAM
+        fit = host // 2 // (3 * frame)
+    return int(max(1, min(wanted, fit)))
