@@ -177,3 +177,22 @@ def test_cli_writes_a_standin(tmp_path):
     for bad in (["--scale", "2"], ["--steps", "1"]):
         result = run_script("-m", "wellfno.standin", "--dataset", "MHD_64", "--data-dir", tmp_path, *bad)
         assert result.returncode == 2 and result.stderr.startswith("error: ")
+
+
+def test_readme_dataset_table_is_the_generated_one():
+    from tests.conftest import REPO
+    from wellfno.standin import dataset_table, readme_table
+
+    assert readme_table((REPO / "README.md").read_text()) == dataset_table(), \
+        "the README's dataset table is stale: run `python -m wellfno.standin --table README.md`"
+
+
+def test_check_cli_on_a_standin_and_on_a_damaged_one(tmp_path):
+    dataset_dir = write_standin(tmp_path, "planetswe", steps=2, trajectories=1, scale=1 / 32)
+    result = run_script("-m", "wellfno.standin", "--check", dataset_dir)
+    assert result.returncode == 0 and "matches The Well's metadata of planetswe" in result.stdout
+    stats = yaml.safe_load((dataset_dir / "stats.yaml").read_text())
+    del stats["mean"]["height"]
+    (dataset_dir / "stats.yaml").write_text(yaml.safe_dump(stats))
+    result = run_script("-m", "wellfno.standin", "--check", dataset_dir)
+    assert result.returncode == 2 and "no 'mean' for field 'height'" in result.stderr

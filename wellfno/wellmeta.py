@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from wellfno.cli import UserError
+from wellfno.wellformat import split_files
 
 METADATA = files("wellfno") / "well_metadata"
 STATS_KEYS = ("mean", "std", "mean_delta", "std_delta", "rms", "rms_delta")
@@ -162,12 +163,9 @@ def layout(name: str) -> Layout:
                   n_trajectories=sum(meta["n_trajectories_per_file"]))
 
 
-def float32_bytes(lay: Layout) -> int:
-    """Bytes of the data the metadata describes (float32 fields; one split's files as listed)."""
-    cells = int(np.prod(lay.resolution))
-    varying = lay.n_channels * cells * sum(lay.n_steps) * 4
-    constant = lay.n_constant_channels * cells * lay.n_trajectories * 4
-    return varying + constant
+def frame_bytes(lay: Layout) -> int:
+    """Bytes of one saved frame of all time-varying fields (float32), what a model reads per step."""
+    return 4 * lay.n_channels * int(np.prod(lay.resolution))
 
 
 # --- the format check --------------------------------------------------------------------------------------------
@@ -282,7 +280,7 @@ def check_files(dataset_dir: str | Path, name: str | None = None, splits=("train
     lay = layout(name or dataset_dir.name)
     problems = []
     for split in splits:
-        paths = sorted([*(dataset_dir / "data" / split).glob("*.hdf5"), *(dataset_dir / "data" / split).glob("*.h5")])
+        paths = split_files(dataset_dir, split)
         if not paths:
             problems.append(f"no HDF5 files in data/{split}")
         for path in paths:
