@@ -75,7 +75,8 @@ def test_missing_well_dataset_says_download_would_fetch_it(tmp_path):
 
 
 def test_unknown_dataset_lists_the_choices(tmp_path):
-    expect_user_error(["--dataset", "gray_scot", "--data-dir", tmp_path], "unknown dataset 'gray_scot'.*active_matter")
+    expect_user_error(["--dataset", "gray_scot", "--data-dir", tmp_path],
+                      "unknown dataset 'gray_scot': did you mean gray_scott_embedded or gray_scott_reaction_diffusion")
 
 
 def test_offline_download_that_leaves_empty_folders_is_detected(tmp_path):

@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import yaml
 
 from wellfno.cli import UserError
 from wellfno.grayscott import EMBEDDED, generate
 from wellfno.wellformat import split_files
+from wellfno.wellmeta import unknown_dataset
 
 REQUIRED_STATS = ("mean", "std", "mean_delta", "std_delta")
 
@@ -70,7 +72,42 @@ def check_dataset(dataset_dir: Path, splits=("train", "valid")) -> dict:
     missing = [key for key in REQUIRED_STATS if not isinstance(stats, dict) or key not in stats]
     if missing:
         raise UserError(f"{stats_path} lacks {', '.join(missing)}: recompute it with `python stats.py {dataset_dir}`")
+    first = split_files(dataset_dir, splits[0])[0]
+    check_stats_cover_fields(first, stats, stats_path)
+    check_uniform_grid(first)
     return stats
+
+
+def check_stats_cover_fields(path: Path, stats: dict, stats_path: Path) -> None:
+    """Every field of the files has its statistics (time-constant fields have no deltas), else one line."""
+    with h5py.File(path, "r") as f:
+        for order in range(3):
+            group = f[f"t{order}_fields"]
+            for name in group.attrs["field_names"]:
+                keys = REQUIRED_STATS if group[name].attrs["time_varying"] else ("mean", "std")
+                for key in keys:
+                    if not isinstance(stats[key], dict) or name not in stats[key]:
+                        raise UserError(f"{stats_path} has no '{key}' for field '{name}' (t{order}_fields/{name} "
+                                        f"in {path.name}): the files and their statistics disagree; recompute "
+                                        f"them with `python stats.py {stats_path.parent}`")
+
+
+def check_uniform_grid(path: Path) -> None:
+    """The FNO's FFT assumes equally spaced cells along every axis: refuse other grids in one line.
+
+    Spherical and equiangular grids of equally spaced angles pass: the model sees them, as
+    The Well's own benchmarks do, as arrays in index space.
+    """
+    with h5py.File(path, "r") as f:
+        dims = f["dimensions"]
+        for axis in dims.attrs["spatial_dims"]:
+            coords = dims[axis][0] if dims[axis].attrs.get("sample_varying", False) else dims[axis][...]
+            spacing = np.diff(np.asarray(coords, dtype=np.float64))
+            if spacing.size > 1 and np.abs(spacing - spacing.mean()).max() > 0.01 * np.abs(spacing.mean()):
+                raise UserError(f"{path.name}: the {axis} coordinates are not equally spaced (from "
+                                f"{np.abs(spacing).min():.3g} to {np.abs(spacing).max():.3g}), and the FNO's FFT "
+                                f"assumes a uniform grid: resample the data onto a uniform grid first, or use a "
+                                f"model for irregular grids (e.g. neuralop's GINO)")
 
 
 def download(data_dir: Path, dataset: str) -> None:
@@ -91,7 +128,7 @@ def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_miss
     elif not present or (download_missing and not split_files(dataset_dir, "train")):
         known = well_dataset_names()
         if dataset not in known:
-            raise UserError(f"unknown dataset '{dataset}': use {EMBEDDED} or one of The Well's: {', '.join(known)}")
+            raise unknown_dataset(dataset, extra=(EMBEDDED,))
         if not download_missing:
             raise UserError(f"{dataset} not found in {data_root}/datasets: add --download to fetch it from "
                             f"The Well (large), or point --data-dir at the folder that holds datasets/")

@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 
 from wellfno.cli import UserError, atomic_write_text, run_main
+from wellfno.fastwell import layout_support
 from wellfno.wellformat import SPLITS, write_well_file
 from wellfno.wellmeta import (Layout, check_files, dataset_names, frame_bytes, layout, published_stats,
                               published_stats_text)
@@ -173,15 +174,6 @@ def write_standin(data_dir: str | Path, name: str, *, steps: int = 12, trajector
 
 # --- the README table -------------------------------------------------------------------------------------------
 
-def fast_reader_support(lay: Layout) -> str:
-    """Whether exercise 02's fast reader handles this layout (kept in one place: wellfno.fastwell)."""
-    try:
-        from wellfno.fastwell import layout_support
-    except ImportError:  # before the N-D course: the fast reader handled 2-D time-varying t0/t1 fields only
-        return "yes" if lay.n_spatial_dims == 2 and not any(lay.constant_fields.values()) else "no"
-    return layout_support(lay)
-
-
 def _size(n_bytes: float) -> str:
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if n_bytes < 1000:
@@ -205,7 +197,7 @@ def dataset_table() -> str:
         frame = frame_bytes(lay)
         rows.append(f"| `{name}` | {lay.n_spatial_dims} | {' x '.join(map(str, lay.resolution))} | {lay.grid_type} "
                     f"| {fields} | {constant} | {bounds} | {steps} | {_size(frame)} | {_size(frame * max(lay.n_steps))} "
-                    f"| {fast_reader_support(lay)} |")
+                    f"| {layout_support(lay)} |")
     return "\n".join(rows) + "\n"
 
 

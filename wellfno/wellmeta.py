@@ -67,9 +67,11 @@ def unknown_dataset(name: str, extra: tuple[str, ...] = ()) -> UserError:
     """One line: the name is unknown; the closest names, else all of them."""
     known = [*extra, *dataset_names()]
     by_lower = {k.lower(): k for k in known}
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5)
+    # names that contain what was typed (a prefix, a part), then the most similar ones
+    close = [k for k in by_lower if name.lower() in k] if len(name) >= 3 else []
+    close += [k for k in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5) if k not in close]
     if close:
-        hint = "did you mean " + " or ".join(by_lower[c] for c in close) + "?"
+        hint = "did you mean " + " or ".join(by_lower[c] for c in close[:4]) + "?"
     else:
         hint = "known: " + ", ".join(known)
     return UserError(f"unknown dataset '{name}': {hint} (`python -m wellfno.standin --table` lists all)")
