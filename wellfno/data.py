@@ -1,6 +1,6 @@
 """Find, check and load a dataset of The Well.
 
-`resolve_dataset` turns what a participant typed (`--data-dir`, `--dataset`,
+`open_dataset` turns what a participant typed (`--data-dir`, `--dataset`,
 `--download`) into a dataset folder that is known to be complete, or a one-line
 error that says what to do. `well_datasets` builds the_well's own `WellDataset`
 for each split, z-score normalized with the dataset's `stats.yaml`.
@@ -117,8 +117,10 @@ def download(data_dir: Path, dataset: str) -> None:
     subprocess.run(cmd, check=False)
 
 
-def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing: bool = False) -> Path:
-    """Return the folder of a complete dataset, generating or downloading it if asked."""
+def open_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing: bool = False) -> tuple[Path, dict]:
+    """The folder of a complete dataset and its statistics (stats.yaml, read once); generate or download if asked."""
+    if Path(data_dir).expanduser().exists() and not Path(data_dir).expanduser().is_dir():
+        raise UserError(f"--data-dir {data_dir} is a file: pass the folder that holds datasets/")
     dataset_dir = locate(data_dir, dataset)
     data_root = dataset_dir.parent.parent
     present = (dataset_dir / "data").is_dir()
@@ -138,8 +140,12 @@ def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_miss
                 raise UserError(f"the download of {dataset} left {dataset_dir / 'data' / split} empty "
                                 f"(no network on this machine?): download on a login node with internet, "
                                 f"then pass --data-dir")
-    check_dataset(dataset_dir)
-    return dataset_dir
+    return dataset_dir, check_dataset(dataset_dir)
+
+
+def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing: bool = False) -> Path:
+    """The folder of a complete dataset (`open_dataset` without the statistics)."""
+    return open_dataset(data_dir, dataset, download_missing)[0]
 
 
 def trajectory_length(dataset_dir: Path, split: str) -> int:
