@@ -70,7 +70,7 @@ def test_estimate_counts_by_hand():
 def test_mhd_256_on_a_laptop_is_one_sentence():
     model = model_for((256, 256, 256))
     with pytest.raises(UserError) as err:
-        check_step_fits(model, 16, (256, 256, 256), torch.device("cpu"), available=16 * 10**9)
+        check_step_fits(model, 16, torch.device("cpu"), available=16 * 10**9)
     message = str(err.value)
     assert "\n" not in message
     assert "even --batch-size 1 does not fit" in message and "256x256x256" in message
@@ -83,18 +83,19 @@ def test_the_largest_batch_that_fits_is_suggested():
     per_sample = step_bytes(n_parameters, 2, (64, 64, 64), model.in_channels, 7, model.width, model.layers) - one
     available = one + 4 * per_sample + per_sample // 2  # 5 samples fit, 6 do not
     with pytest.raises(UserError, match="lower --batch-size to 5 "):
-        check_step_fits(model, 16, (64, 64, 64), torch.device("cpu"), available=available)
-    line = check_step_fits(model, 5, (64, 64, 64), torch.device("cpu"), available=available)
+        check_step_fits(model, 16, torch.device("cpu"), available=available)
+    line = check_step_fits(model, 5, torch.device("cpu"), available=available)
     assert line.startswith("a training step needs about")
 
 
 def test_rollout_steps_fit_the_memory():
-    frame = 4 * 256**3 * 7  # MHD_256: 470 MB per frame
+    mhd_256 = model_for((256,) * 3)  # 7 channels: 470 MB per frame
+    frame = 4 * 256**3 * 7
     # a laptop, 16 GB of RAM: three copies of T frames in half of it
-    assert rollout_steps((256,) * 3, 7, torch.device("cpu"), available=(16 * 10**9, 0)) == 16 * 10**9 // 2 // (3 * frame)
+    assert rollout_steps(mhd_256, torch.device("cpu"), available=(16 * 10**9, 0)) == 16 * 10**9 // 2 // (3 * frame)
     # a GPU with 141 GB, a host with 500 GB: two copies on the GPU in half of it: 70.5 GB / 0.94 GB
-    assert rollout_steps((256,) * 3, 7, torch.device("cuda"), available=(500 * 10**9, 141 * 10**9)) == 75
+    assert rollout_steps(mhd_256, torch.device("cuda"), available=(500 * 10**9, 141 * 10**9)) == 75
     # small data: the_well's default of 100 steps
-    assert rollout_steps((64, 64), 4, torch.device("cpu"), available=(16 * 10**9, 0)) == 100
+    assert rollout_steps(model_for((64, 64), channels=4), torch.device("cpu"), available=(16 * 10**9, 0)) == 100
     # never less than one step
-    assert rollout_steps((256,) * 3, 7, torch.device("cpu"), available=(10**6, 0)) == 1
+    assert rollout_steps(mhd_256, torch.device("cpu"), available=(10**6, 0)) == 1

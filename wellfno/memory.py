@@ -56,8 +56,12 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
 
 
-def check_step_fits(model, batch_size: int, resolution, device: torch.device, available: int | None = None) -> str:
-    """One line with the estimate; UserError (what to change) when it exceeds what the device has."""
+def check_step_fits(model, batch_size: int, device: torch.device, available: int | None = None) -> str:
+    """One line with the estimate; UserError (what to change) when it exceeds what the device has.
+
+    `model` is a NextFrameFNO built for the dataset (`NextFrameFNO.for_dataset`: it knows the grid).
+    """
+    resolution = model.resolution
     n_parameters = sum(p.numel() for p in model.parameters())
     need = step_bytes(n_parameters, batch_size, resolution, model.in_channels, model.channels_per_frame,
                       model.width, model.layers)
@@ -80,15 +84,14 @@ def check_step_fits(model, batch_size: int, resolution, device: torch.device, av
     raise UserError(f"{line}: too much; {advice} (WELLFNO_SKIP_MEMORY_CHECK=1 runs anyway)")
 
 
-def rollout_steps(resolution, channels: int, device: torch.device, wanted: int = 100,
-                  available: tuple[int, int] | None = None) -> int:
+def rollout_steps(model, device: torch.device, wanted: int = 100, available: tuple[int, int] | None = None) -> int:
     """How many rollout steps (at most `wanted`, the_well's default) a validation trajectory may have.
 
     WellDataset reads a whole trajectory into host memory, and the rollout keeps the true and
     the predicted frames on the device: 3 copies of T frames of `channels` float32 channels
     (MHD_256: 100 frames are 47 GB each). Each may use half of what is free (host, device).
     """
-    frame = 4 * math.prod(resolution) * channels
+    frame = 4 * math.prod(model.resolution) * model.channels_per_frame
     if available is None:
         host, _ = available_bytes(torch.device("cpu"))
         gpu = available_bytes(device)[0] if device.type == "cuda" else host

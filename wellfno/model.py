@@ -41,6 +41,7 @@ class NextFrameFNO(nn.Module):
                  modes: int = 12, width: int = 32, layers: int = 4):
         super().__init__()
         self.channels_per_frame, self.width, self.layers = channels_per_frame, width, layers
+        self.resolution = tuple(resolution) if resolution else None  # for wellfno.memory's estimates
         self.in_channels = channels_per_frame * n_steps_input + constant_channels
         self.last_frame = slice(channels_per_frame * (n_steps_input - 1), channels_per_frame * n_steps_input)
         n_modes = tuple(min(modes, n) for n in resolution) if resolution else (modes,) * n_spatial_dims
