@@ -2,15 +2,18 @@
 
 Each test takes one dataset; the stand-ins are written once per session, on first use.
 """
+import json
 import subprocess
 import sys
 
 import h5py
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from tests.conftest import REPO
+from wellfno.cli import UserError
 from wellfno.wellmeta import dataset_names, layout
 
 NAMES = dataset_names()
@@ -88,3 +91,167 @@ def test_stats_script_equals_float64_reference(name, standins, tmp_path):
                             capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert_stats_equal(yaml.safe_load(out.read_text()), reference_stats(dataset_dir))
+
+
+# --------------------------------------------------------------------------------------- fno.py on every layout
+
+def load_script(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"script_{path.parent.name}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fno_script():
+    return load_script(REPO / "fno.py")
+
+
+SMALL = ["--epochs", "1", "--max-steps", "1", "--batch-size", "2", "--width", "8", "--modes", "4"]
+
+
+def run_fno(fno_script, name, standins, out):
+    dataset_dir = standins(name)
+    fno_script.main(["--dataset", name, "--data-dir", str(dataset_dir.parent.parent), "--out", str(out), *SMALL])
+    metrics = json.loads((out / "metrics.json").read_text())
+    lay = layout(name)
+    assert len(metrics["rollout_vrmse"]) == 4 - 1  # 4 frames: 1 in, 3 predicted
+    assert all(np.isfinite(metrics["rollout_vrmse"])) and np.isfinite(metrics["train_loss"])
+    assert (out / "rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    spectral = [v for k, v in state["model"].items() if "weight" in k and v.ndim == 2 + lay.n_spatial_dims]
+    assert spectral, "the FNO has one mode axis per spatial axis"
+    return metrics
+
+
+@pytest.mark.parametrize("name", ["MHD_64", "acoustic_scattering_maze"])
+def test_fno_trains_rolls_out_and_plots_fast_subset(name, fno_script, standins, tmp_path):
+    """A 3-D dataset; a 2-D one with constant fields."""
+    run_fno(fno_script, name, standins, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_fno_trains_rolls_out_and_plots(name, fno_script, standins, tmp_path):
+    run_fno(fno_script, name, standins, tmp_path)
+
+
+# ------------------------------------------------------------------------------- the fast reader (02), bitwise
+
+def assert_same_samples(well, fast):
+    assert len(fast) == len(well)
+    indices = list(range(len(well)))
+    for index, got in zip(indices, fast.__getitems__(indices)):
+        expected = well[index]
+        assert expected.keys() == got.keys(), index
+        for key in expected:
+            assert got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]), (index, key)
+
+
+def check_fast_reader(name, standins):
+    from wellfno.data import well_datasets
+    from wellfno.fastwell import FastWellDataset, layout_support
+
+    dataset_dir = standins(name)
+    support = layout_support(layout(name))
+    if support != "yes":
+        with pytest.raises(UserError):
+            FastWellDataset(dataset_dir, "train", 1)
+        return
+    for n_steps_input in (1, 2):
+        well = well_datasets(dataset_dir, n_steps_input)["train"]
+        assert_same_samples(well, FastWellDataset(dataset_dir, "train", n_steps_input))
+
+
+@pytest.mark.parametrize("name", ["helmholtz_staircase", "turbulence_gravity_cooling"])
+def test_fast_reader_bitwise_fast_subset(name, standins):
+    check_fast_reader(name, standins)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_fast_reader_bitwise_where_it_claims_the_layout(name, standins):
+    check_fast_reader(name, standins)
+
+
+# ------------------------------------------------------------------- the solutions and tools on 2-D and 3-D data
+
+def run_ok(*args, timeout=300):
+    from tests.conftest import run_script
+
+    result = run_script(*args, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["MHD_64", "acoustic_scattering_maze"])
+def test_solutions_train_and_roll_out(name, standins, tmp_path):
+    """Every step of the course on a 3-D dataset and on a 2-D one with constant fields."""
+    data_dir = standins(name).parent.parent
+    common = ["--dataset", name, "--data-dir", data_dir, *SMALL]
+    run_ok("solutions/01_profiling/fno.py", *common, "--out", tmp_path / "01")
+    run_ok("solutions/02_data_pipeline/fno.py", *common, "--out", tmp_path / "02", "--fast-reader",
+           "--num-workers", "1")
+    run_ok("solutions/03_affinity/fno.py", *common, "--out", tmp_path / "03", "--bind", "none")
+    for step in ("01", "02", "03"):
+        assert (tmp_path / step / "rollout.png").is_file() and (tmp_path / step / "metrics.json").is_file()
+    # the profiling solution's trace of a 3-D or constant-field run
+    run_ok("solutions/01_profiling/fno.py", "--dataset", name, "--data-dir", data_dir, "--out", tmp_path / "prof",
+           "--profile", "--max-steps", "4", "--profile-warmup", "1", "--profile-active", "2", "--batch-size", "1",
+           "--width", "8", "--modes", "4")
+    assert list((tmp_path / "prof").glob("trace_rank0_*.json*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["MHD_64", "acoustic_scattering_maze"])
+def test_throughput_tool(name, standins, tmp_path):
+    data_dir = standins(name).parent.parent
+    run_ok("profiling/throughput.py", "--data-dir", data_dir, "--dataset", name, "--out", tmp_path, "--workers", "0",
+           "--seconds", "0.1", "--repeats", "1", "--warmup", "1", "--batch-size", "2", "--threads", "1")
+    rows = json.loads((tmp_path / "throughput.json").read_text())["rows"]
+    assert {r["reader"] for r in rows} == {"well", "fast"} and all(r["full"] > 0 for r in rows)
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+
+def test_a_field_without_statistics_is_one_line(standins, tmp_path):
+    import shutil
+
+    from wellfno.data import check_dataset
+
+    copy = tmp_path / "acoustic_scattering_maze"
+    shutil.copytree(standins("acoustic_scattering_maze"), copy)
+    stats = yaml.safe_load((copy / "stats.yaml").read_text())
+    del stats["std"]["speed_of_sound"]  # a constant field
+    (copy / "stats.yaml").write_text(yaml.safe_dump(stats))
+    with pytest.raises(UserError, match=r"no 'std' for field 'speed_of_sound'.*python stats.py") as err:
+        check_dataset(copy)
+    assert "\n" not in str(err.value)
+
+
+def test_unequal_grid_spacing_is_refused_with_what_to_use(standins, tmp_path):
+    import shutil
+
+    from wellfno.data import check_dataset
+
+    copy = tmp_path / "rayleigh_benard"
+    shutil.copytree(standins("rayleigh_benard"), copy)
+    for path in copy.glob("data/*/*.hdf5"):
+        with h5py.File(path, "r+") as f:
+            y = f["dimensions/y"]
+            n = y.shape[0]
+            y[...] = (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)  # Chebyshev points
+    with pytest.raises(UserError, match="not equally spaced.*uniform grid") as err:
+        check_dataset(copy)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_dataset_in_fno_lists_close_matches(tmp_path):
+    from tests.conftest import run_script
+
+    result = run_script("fno.py", "--dataset", "MHD_65", "--data-dir", tmp_path, "--out", tmp_path / "out")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "did you mean MHD_64" in result.stderr
