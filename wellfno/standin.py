@@ -28,7 +28,6 @@ import numpy as np
 import yaml
 
 from wellfno.cli import UserError, atomic_write_text, run_main
-from wellfno.fastwell import layout_support
 from wellfno.wellformat import SPLITS, write_well_file
 from wellfno.wellmeta import (Layout, check_files, dataset_names, frame_bytes, layout, published_stats,
                               published_stats_text)
@@ -184,6 +183,7 @@ def _size(n_bytes: float) -> str:
 
 def dataset_table() -> str:
     """Markdown table of the 23 datasets, from the metadata alone (README: `python -m wellfno.standin --table`)."""
+    from wellfno.fastwell import layout_support  # imports torch: only here, not to write a stand-in
     rows = ["| dataset | dims | resolution | grid | fields (t0; t1; t2) | constant fields | boundaries "
             "| steps | frame | trajectory | fast reader |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
