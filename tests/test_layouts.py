@@ -253,3 +253,62 @@ def test_unknown_dataset_in_fno_lists_close_matches(fno_script, tmp_path):
     with pytest.raises(UserError, match="unknown dataset 'MHD_65': did you mean MHD_64") as err:
         fno_script.main(["--dataset", "MHD_65", "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")])
     assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- batch layout and rollout in N-D
+
+def test_to_channels_and_model_inputs_match_numpy():
+    from wellfno.data import model_inputs, to_channels
+
+    rng = np.random.default_rng(0)
+    frames = rng.standard_normal((2, 3, 4, 5, 6, 7)).astype(np.float32)  # B, T, X, Y, Z, C
+    constants = rng.standard_normal((2, 4, 5, 6, 2)).astype(np.float32)  # B, X, Y, Z, K
+    # channel t*C + c holds frame t, field c; then the K constant fields
+    expected = np.concatenate([frames.transpose(0, 1, 5, 2, 3, 4).reshape(2, 21, 4, 5, 6),
+                               constants.transpose(0, 4, 1, 2, 3)], axis=1)
+    assert np.array_equal(to_channels(torch.from_numpy(frames)).numpy(), expected[:, :21])
+    got = model_inputs(torch.from_numpy(frames), torch.from_numpy(constants))
+    assert np.array_equal(got.numpy(), expected)
+    frames[0, 0, 0, 0, 0, 0] = np.nan  # NaN -> 0, as the_well's formatter does
+    assert model_inputs(torch.from_numpy(frames))[0, 0, 0, 0, 0] == 0
+
+
+def test_vrmse_3d_matches_numpy():
+    from wellfno.rollout import vrmse
+
+    rng = np.random.default_rng(1)
+    true, pred = rng.normal(size=(2, 3, 4, 5, 6, 2)), rng.normal(size=(2, 3, 4, 5, 6, 2))
+    mse = ((pred - true) ** 2).mean(axis=(2, 3, 4))
+    expected = np.sqrt(mse / (true.var(axis=(2, 3, 4)) + 1e-7))
+    np.testing.assert_allclose(vrmse(torch.tensor(pred), torch.tensor(true), 3).numpy(), expected, rtol=1e-12)
+
+
+class Oracle(torch.nn.Module):
+    """The true next frame, found by matching the input window (and the constant fields) in the trajectory."""
+
+    def __init__(self, trajectory, constants, n_steps_input):
+        super().__init__()
+        self.trajectory, self.constants, self.n = trajectory, constants, n_steps_input  # (T, *S, C), (*S, K)
+
+    def forward(self, x):
+        from wellfno.data import model_inputs
+
+        for t in range(self.n, self.trajectory.shape[0]):
+            window = self.trajectory[t - self.n:t].unsqueeze(0)
+            constants = None if self.constants is None else self.constants.unsqueeze(0)
+            if torch.equal(model_inputs(window, constants), x):
+                return self.trajectory[t].movedim(-1, 0).unsqueeze(0)
+        raise AssertionError("the rollout fed a window that is not a stretch of the trajectory")
+
+
+@pytest.mark.parametrize("name", ["MHD_64", "helmholtz_staircase"])
+def test_rollout_with_an_oracle_is_exact_in_3d_and_with_constant_fields(name, standins):
+    from wellfno.data import rollout_dataset
+    from wellfno.rollout import evaluate_rollouts
+
+    dataset = rollout_dataset(standins(name), 2)
+    sample = dataset[0]
+    trajectory = torch.cat([sample["input_fields"], sample["output_fields"]])
+    oracle = Oracle(trajectory, sample.get("constant_fields"), 2)
+    model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(oracle, dataset, "cpu", max_trajectories=1)
+    assert torch.equal(true, pred) and max(model_vrmse) == 0 and min(persistence_vrmse) > 0
