@@ -206,4 +206,4 @@ def test_a_standin_too_big_for_the_ram_is_one_sentence(tmp_path, monkeypatch):
     # MHD_256 at full resolution: 7 channels x 12 steps x 2 trajectories x 256^3 cells x 4 bytes = 11.3 GB per file
     with pytest.raises(UserError, match=r"one stand-in file is 11\.3 GB.*use --scale"):
         write_standin(tmp_path, "MHD_256")
-    assert not list(tmp_path.glob("datasets/MHD_256/data/*/*.hdf5"))
+    assert not (tmp_path / "datasets").exists()

@@ -147,8 +147,8 @@ def write_standin(data_dir: str | Path, name: str, *, steps: int = 12, trajector
     cells = int(np.prod(res))
     per_file = (lay.n_channels * steps + lay.n_constant_channels) * cells * trajectories * 4
     total = per_file * files * len(SPLITS)
-    dataset_dir.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(dataset_dir).free
+    existing = next(folder for folder in (dataset_dir, *dataset_dir.parents) if folder.exists())
+    free = shutil.disk_usage(existing).free  # nothing is created before the checks pass
     if total > free:
         raise UserError(f"the stand-in needs {total / 1e9:.1f} GB and {dataset_dir} has {free / 1e9:.1f} GB free: "
                         f"use --scale, --steps or --trajectories to cut it down")
