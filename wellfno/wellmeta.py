@@ -58,7 +58,7 @@ BOUNDARIES = {
 
 
 def dataset_names() -> list[str]:
-    """The 23 datasets, in the order of the_well's WELL_DATASETS list (sorted by name here)."""
+    """The 23 datasets (the_well's WELL_DATASETS), sorted by name, case aside."""
     return sorted((p.name[: -len(".yaml")] for p in METADATA.iterdir()
                    if p.name.endswith(".yaml") and not p.name.endswith(".stats.yaml")), key=str.lower)
 
