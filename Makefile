@@ -1,4 +1,4 @@
-# Two commands for a participant: `make demo` and `make test`.
+# Two commands for a participant: `make demo` and `make test` (`make test-fast` for a quick loop).
 # Everything else here is what those two need.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -9,11 +9,12 @@ TORCH_SPEC ?= torch==2.13.0
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test venv data clean help
+.PHONY: demo test test-fast venv data clean help
 
 help:
 	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
 	@echo "make test   run the whole test suite"
+	@echo "make test-fast  the suite without slow and Slurm tests (about a minute on 2 cores)"
 	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
 
 venv: $(VENV)/.installed
@@ -44,6 +45,10 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q tests
+
+# Everything but the `slow` (process groups, resume after a kill, notebooks) and `slurm` tests.
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow and not slurm" tests
 
 clean:
 	rm -rf runs .pytest_cache
