@@ -77,11 +77,12 @@ def pytest_generate_tests(metafunc):
         return
     chosen = metafunc.config.getoption("--script")
     if chosen:
-        paths, ids = [Path(chosen).resolve()], ["script"]
+        params = [pytest.param(Path(chosen).resolve(), id="script")]
     else:
-        ids = steps_from(step)
-        paths = [REPO / STEPS[name] for name in ids]
-    metafunc.parametrize("script", paths, ids=ids, indirect=True, scope="module")
+        # The step's own solution is in the quick loop (make test-fast); the later ones in `make test`.
+        params = [pytest.param(REPO / STEPS[name], id=name, marks=[pytest.mark.slow] if name != step else [])
+                  for name in steps_from(step)]
+    metafunc.parametrize("script", params, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")

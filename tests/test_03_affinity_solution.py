@@ -35,6 +35,7 @@ def run_rank(script, data_dir, out, local_rank, *extra):
     return [line for line in result.stdout.splitlines() if line.startswith("host=")]
 
 
+@pytest.mark.slow  # two ranks, each a whole training run
 @needs_two_cpus
 def test_each_rank_is_bound_to_its_own_cores(script, tiny_data_dir, tmp_path):
     rank_cpus = []

@@ -54,19 +54,21 @@ class FakeMetafunc:
 def test_a_steps_checks_run_on_its_solution_and_every_later_one(step):
     metafunc = FakeMetafunc(step)
     conftest.pytest_generate_tests(metafunc)
-    (name, paths), options = metafunc.calls[0]
+    (name, params), options = metafunc.calls[0]
     later = list(STEPS)[list(STEPS).index(step):]
-    assert name == "script" and options["ids"] == later == steps_from(step)
-    assert paths == [REPO / STEPS[s] for s in later]
+    assert name == "script" and [p.id for p in params] == later == steps_from(step)
+    assert [p.values[0] for p in params] == [REPO / STEPS[s] for s in later]
     assert options["indirect"] is True and options["scope"] == "module"  # one run per script and module
+    # make test-fast checks the step's own solution; make test all of them.
+    assert [[m.name for m in p.marks] for p in params] == [[]] + [["slow"]] * (len(later) - 1)
 
 
 def test_script_option_checks_the_participants_file_alone(tmp_path):
     mine = tmp_path / "my_fno.py"
     metafunc = FakeMetafunc("01_profiling", script_option=str(mine))
     conftest.pytest_generate_tests(metafunc)
-    (_, paths), options = metafunc.calls[0]
-    assert paths == [mine] and options["ids"] == ["script"]
+    (_, params), _ = metafunc.calls[0]
+    assert [(p.values[0], p.id, p.marks) for p in params] == [(mine, "script", ())]
 
 
 def test_modules_outside_the_matrix_are_left_alone():
