@@ -211,3 +211,29 @@ def test_data_dir_pointing_inside_is_accepted(tiny_data_dir, where):
 
     inner = tiny_data_dir / "datasets" if where == "datasets" else tiny_data_dir / "datasets/gray_scott_embedded"
     assert resolve_dataset(inner) == tiny_data_dir / "datasets/gray_scott_embedded"
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all" * 10, b"PK\x03\x04" + b"\0" * 100])
+def test_a_damaged_checkpoint_is_named_and_the_way_out_given(tmp_path, content):
+    from wellfno.cli import load_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=r"checkpoint.pt is damaged \(.*\): delete it"):
+        load_checkpoint(path)
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused(tmp_path):
+    from wellfno.cli import check_output_dir
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        with pytest.raises(UserError, match="not writable"):
+            check_output_dir(locked / "run")
+    finally:
+        locked.chmod(0o700)
+    assert check_output_dir(tmp_path / "new" / "run") == tmp_path / "new" / "run"  # not there yet: fine
