@@ -57,6 +57,7 @@ def test_worker_options_without_workers_run(fno, tiny_data_dir, tmp_path):
     assert metrics["history"][0]["samples"] == 12
 
 
+@pytest.mark.slow  # a whole run in a child process
 def test_pin_memory_on_cpu_is_a_one_line_note(script, tiny_data_dir, tmp_path):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "run", *FAST, "--device", "cpu",
                         "--pin-memory", env={"PYTHONWARNINGS": "default"})
@@ -73,6 +74,7 @@ def test_impossible_values_are_user_errors(fno, tmp_path, options):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a child process, as a participant runs it
 def test_negative_workers_is_one_line_error(script, tmp_path):
     result = run_script(script, "--data-dir", tmp_path, "--num-workers", "-2")
     assert result.returncode == 2 and "Traceback" not in result.stderr

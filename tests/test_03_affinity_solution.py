@@ -47,6 +47,7 @@ def test_each_rank_is_bound_to_its_own_cores(script, tiny_data_dir, tmp_path):
     assert rank_cpus[0] | rank_cpus[1] <= set(ALLOWED)
 
 
+@pytest.mark.slow  # a whole run with two workers in a child process
 @needs_two_cpus
 def test_workers_are_spread_over_the_rank_cores(script, tiny_data_dir, tmp_path):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "w", "--epochs", "1",
