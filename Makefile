@@ -16,7 +16,7 @@ DEMO_OUT ?= runs/demo
 help:
 	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
 	@echo "make test   run the whole test suite"
-	@echo "make test-fast  the suite without slow and Slurm tests (about a minute on 2 cores)"
+	@echo "make test-fast  the suite without slow and Slurm tests (1-2 minutes on 2 cores)"
 	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
 
 venv: $(VENV)/.installed
