@@ -139,6 +139,8 @@ def _file_layout(path: Path) -> tuple[tuple[FieldSpec, ...], dict[str, tuple[tup
 
 def plan_dataset(dataset_dir: str | Path, split: str = "train", chunk_bytes: int = CHUNK_BYTES) -> Plan:
     """Check every file of the split and cut it into work items (independent of any rank count)."""
+    if chunk_bytes < 1:
+        raise UserError(f"the chunk size must be positive (got {chunk_bytes} bytes): use --chunk-mb 8, say")
     files = find_split_files(dataset_dir, split)
     fields, items = None, []
     for file_index, path in enumerate(files):
