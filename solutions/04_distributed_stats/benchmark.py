@@ -19,10 +19,12 @@ fastest of --repeat runs (other work on a shared node only ever adds time).
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -110,6 +112,31 @@ def timed(cmd: list[str], pattern: str) -> tuple[float, float, str]:
 
 
 
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def markdown_table(results: dict) -> str:
+    """The results table as the exercise README shows it (a test compares the two)."""
+    m, d = results["machine"], results["dataset"]
+    lines = [f"machine: {m['cpu']}, {m['cores']} cores, load average {m['load_average_at_start']:.1f} at the start "
+             f"and {m['load_average_at_end']:.1f} at the end; train split {d['gigabytes']:.2f} GB "
+             f"({d['items']} items, {d['files']} files)", "",
+             f"| {'what':34s} | script s | wall s | GB/s | vs raw read | scaling eff. |",
+             f"|{'-' * 36}|---------:|-------:|-----:|------------:|-------------:|"]
+    for r in results["rows"]:
+        eff = f"{r['scaling_efficiency']:.2f}" if "scaling_efficiency" in r else ""
+        lines.append(f"| {r['name']:34s} | {r['seconds']:8.2f} | {r['wall_seconds']:6.2f} | {r['gb_per_s']:4.2f} "
+                     f"| {r['vs_raw_read']:11.2f} | {eff:>12s} |")
+    lines += ["", "max relative difference vs serial: "
+              + ", ".join(f"{k} {v:.1e}" for k, v in results["max_rel_diff_vs_serial"].items()),
+              "bitwise identical to serial: "
+              + ", ".join(f"{k} {v}" for k, v in results["bitwise_identical_to_serial"].items())]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset-dir", type=Path, help="a Well dataset (default: write a synthetic one)")
@@ -118,9 +145,25 @@ def main() -> int:
     parser.add_argument("--ranks", default="1,2", help="comma-separated world sizes for torchrun (default 1,2)")
     parser.add_argument("--dask-workers", type=int, help="dask threads (default: the largest of --ranks)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per row; the fastest counts (default 3)")
-    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "04_stats_benchmark.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "04_stats_benchmark.json",
+                        help="results file to write (default: %(default)s)")
+    parser.add_argument("--table", type=Path, metavar="JSON",
+                        help="only print the table of an earlier results file, measure nothing")
     args = parser.parse_args()
-    ranks = [int(r) for r in args.ranks.split(",")]
+    if args.table is not None:
+        if not args.table.is_file():
+            raise UserError(f"no results file {args.table}: run the benchmark with --json {args.table} first")
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
+    if args.repeat < 1 or args.synthetic_gb <= 0:
+        raise UserError("--repeat must be at least 1 and --synthetic-gb positive")
+    load_at_start = os.getloadavg()[0]
+    try:
+        ranks = [int(r) for r in args.ranks.split(",")]
+    except ValueError:
+        raise UserError(f"--ranks {args.ranks!r}: give world sizes separated by commas, e.g. 1,2,4") from None
+    if min(ranks) < 1:
+        raise UserError(f"--ranks {args.ranks!r}: world sizes must be at least 1")
     dask_workers = args.dask_workers or max(ranks)
 
     tmp = None
@@ -174,30 +217,21 @@ def main() -> int:
 
     raw1 = rows[0]["seconds"]
     dist1 = next((r["seconds"] for r in rows if r["name"].startswith("distributed") and r["ranks"] == 1), None)
-    print()
-    load = os.getloadavg()[0]
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {load:.1f} at the end "
-          f"(other work on the cores skews scaling); train split {gb:.2f} GB "
-          f"({len(plan.items)} items, {len(plan.files)} files)")
-    print(f"| {'what':34s} | script s | wall s | GB/s | vs raw read | scaling eff. |")
-    print(f"|{'-' * 36}|---------:|-------:|-----:|------------:|-------------:|")
     for r in rows:
         r["vs_raw_read"] = raw1 / r["seconds"]
-        eff = ""
         if r["name"].startswith("distributed") and dist1:
             r["scaling_efficiency"] = dist1 / r["seconds"] / r["ranks"]
-            eff = f"{r['scaling_efficiency']:.2f}"
-        print(f"| {r['name']:34s} | {r['seconds']:8.2f} | {r['wall_seconds']:6.2f} | {r['gb_per_s']:4.2f} "
-              f"| {r['vs_raw_read']:11.2f} | {eff:>12s} |")
-    print("max relative difference vs serial: " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items()))
-    print("bitwise identical to serial: " + ", ".join(f"{k} {v}" for k, v in identical.items()))
-    atomic_write_json(args.json, {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
-                                              "python": platform.python_version(),
-                                              "load_average_at_end": load},
-                                  "dataset": {"path": str(args.dataset_dir or "synthetic"), "gigabytes": gb,
-                                              "items": len(plan.items), "files": len(plan.files)},
-                                  "rows": rows, "max_rel_diff_vs_serial": agreement,
-                                  "bitwise_identical_to_serial": identical})
+    results = {"command": "python solutions/04_distributed_stats/benchmark.py " + shlex.join(sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d", time.gmtime()),
+               "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+                           "torch": torch_version(), "load_average_at_start": load_at_start,
+                           "load_average_at_end": os.getloadavg()[0]},
+               "dataset": {"path": str(args.dataset_dir or "synthetic"), "gigabytes": gb,
+                           "items": len(plan.items), "files": len(plan.files)},
+               "rows": rows, "max_rel_diff_vs_serial": agreement, "bitwise_identical_to_serial": identical}
+    print()
+    print(markdown_table(results))
+    atomic_write_json(args.json, results)
     print(f"wrote {args.json}")
     return 0
 

@@ -90,8 +90,8 @@ def main() -> int:
     if env.rank == 0:
         n_bytes, elapsed = sum(item.n_bytes for item in plan.items), time.perf_counter() - started
         print(f"wrote {out}: {len(plan.items)} items, {n_bytes / 1e9:.3f} GB, {env.world_size} rank(s) "
-              f"({env.launcher}, {backend if env.is_distributed else 'no process group'}), {elapsed:.2f} s ({computed - started:.2f} s reading), "
-              f"{n_bytes / 1e9 / max(elapsed, 1e-9):.2f} GB/s")
+              f"({env.launcher}, {backend if env.is_distributed else 'no process group'}), {elapsed:.2f} s "
+              f"({computed - started:.2f} s reading), {n_bytes / 1e9 / max(elapsed, 1e-9):.2f} GB/s")
     return 0
 
 
