@@ -37,6 +37,7 @@ from threadpoolctl import threadpool_limits
 from wellfno.cli import UserError, atomic_write_text
 from wellfno.moments import (PairwiseReducer, combine_blocks, empty_moments, merge_scalar,
                              shifted_moments)
+from wellfno.wellformat import split_files
 
 # Bytes of one field read at a time (per work item); bounds memory at a few times this.
 CHUNK_BYTES = 8 * 2**20
@@ -88,7 +89,7 @@ def find_split_files(dataset_dir: str | Path, split: str = "train") -> list[Path
     if not dataset_dir.is_dir():
         raise UserError(f"dataset folder {dataset_dir} does not exist; pass the folder that holds data/{split}/")
     split_dir = dataset_dir / "data" / split
-    files = sorted(list(split_dir.glob("*.hdf5")) + list(split_dir.glob("*.h5"))) if split_dir.is_dir() else []
+    files = split_files(dataset_dir, split)
     if not files:
         hint = ""
         if list(dataset_dir.glob("*.hdf5")) or list(dataset_dir.glob("*.h5")):
