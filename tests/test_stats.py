@@ -224,20 +224,3 @@ def test_dask_version_matches_reference(dataset, tmp_path):
     got = without_loss_weight(yaml.safe_load(out.read_text()))
     assert S.max_relative_difference(got, reference_stats(dataset)) <= 1e-10
 
-
-def test_exercise_readme_table_is_the_committed_results_file():
-    """Exercise 04's results table is printed from the results file the benchmark wrote, not typed in."""
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("stats_benchmark", ROOT / "solutions/04_distributed_stats/benchmark.py")
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
-    folder = ROOT / "exercises" / "04_distributed_stats"
-    results = json.loads((folder / "results" / "benchmark.json").read_text())
-    assert results["command"] in (folder / "README.md").read_text()  # the command that wrote it is shown
-    assert results["machine"]["cpu"] and results["rows"]
-    readme = (folder / "README.md").read_text()
-    marker = readme.index("<!-- results table:")
-    block = readme[marker:].split("```\n", 2)[1]
-    assert block.rstrip("\n") == benchmark.markdown_table(results)

@@ -261,7 +261,8 @@ def test_check_your_work_fails_the_starter_and_passes_a_finished_copy(tmp_path):
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "tests/test_stats_distributed.py", "--script", str(script),
                                "-k", "world_sizes_equal_serial and torchrun"],
-                              cwd=ROOT, env=base_env(), capture_output=True, text=True, timeout=600)
+                              cwd=ROOT, env={k: v for k, v in base_env().items() if k != "STATS_SCRIPT"},
+                              capture_output=True, text=True, timeout=600)
 
     r = check(STARTER)
     assert r.returncode == 1 and "every rank reads everything" in r.stdout, r.stdout[-3000:]

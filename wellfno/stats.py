@@ -426,6 +426,33 @@ def max_relative_difference(a: dict, b: dict) -> float:
     return max((abs(fa[key] - fb[key]) / max(abs(fb[key]), 1e-300) for key in fa), default=0.0)
 
 
+# --------------------------------------------------------------------------- benchmark results
+def benchmark_markdown(data: dict) -> str:
+    """Exercise 04's benchmark table (solutions/04_distributed_stats/benchmark.py's results) as Markdown."""
+    lines = [f"Train split {data['dataset']['gigabytes']:.2f} GB ({data['dataset']['items']} items, "
+             f"{data['dataset']['files']} files); load average {data['load_average_at_start']:.1f} at the start, "
+             f"{data['load_average_at_end']:.1f} at the end.", "",
+             "| what | script s | wall s | GB/s | vs raw read | scaling eff. |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        eff = f"{r['scaling_efficiency']:.2f}" if "scaling_efficiency" in r else ""
+        lines.append(f"| {r['name']} | {r['seconds']:.2f} | {r['wall_seconds']:.2f} | {r['gb_per_s']:.2f} "
+                     f"| {r['vs_raw_read']:.2f} | {eff} |")
+    lines += ["", "Max relative difference vs serial: "
+              + ", ".join(f"{k} {v:.1e}" for k, v in data["max_rel_diff_vs_serial"].items())
+              + "; bitwise identical to serial: "
+              + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in data["bitwise_identical_to_serial"].items()) + "."]
+    return "\n".join(lines)
+
+
+def benchmark_table(root) -> str:
+    """Renderer for `<!-- table: wellfno.stats:benchmark_table -->` (python -m wellfno.results render)."""
+    from wellfno.results import caption, read_result
+
+    result = read_result(Path(root) / "results" / "04_stats_benchmark.json")
+    return benchmark_markdown(result["data"]) + "\n\n" + caption(result)
+
+
 __all__ = [
     "compute_dataset_stats", "write_stats_yaml", "format_stats_yaml", "plan_dataset", "rank_ranges",
     "plan_fingerprint", "reduce_range", "stats_from_moments", "ItemReader", "max_relative_difference",

@@ -3,6 +3,8 @@
     python solutions/04_distributed_stats/benchmark.py                       # synthetic 2 GB dataset
     python solutions/04_distributed_stats/benchmark.py --dataset-dir data/datasets/gray_scott_embedded \
         --ranks 1,2,4,8,16 --dask-workers 16                                  # a real node
+    python solutions/04_distributed_stats/benchmark.py ... --json results/04_stats_benchmark.json
+        # the results file exercise 04's README table is generated from (python -m wellfno.results render)
 
 Rows:
 - raw read: h5py reads every byte of the train split in the work items' chunks, no arithmetic
@@ -19,10 +21,8 @@ fastest of --repeat runs (other work on a shared node only ever adds time).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -37,9 +37,9 @@ import h5py
 import numpy as np
 import yaml
 
-from wellfno.cli import UserError, atomic_write_json, run_main
-from wellfno.machine import cpu_model
-from wellfno.stats import max_relative_difference, plan_dataset, rank_ranges
+from wellfno.cli import UserError, run_main
+from wellfno.results import caption, read_result, write_result
+from wellfno.stats import benchmark_markdown, max_relative_difference, plan_dataset, rank_ranges
 from wellfno.wellformat import write_well_file
 
 HERE = Path(__file__).resolve().parent
@@ -112,31 +112,6 @@ def timed(cmd: list[str], pattern: str) -> tuple[float, float, str]:
 
 
 
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__
-
-
-def markdown_table(results: dict) -> str:
-    """The results table as the exercise README shows it (a test compares the two)."""
-    m, d = results["machine"], results["dataset"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, load average {m['load_average_at_start']:.1f} at the start "
-             f"and {m['load_average_at_end']:.1f} at the end; train split {d['gigabytes']:.2f} GB "
-             f"({d['items']} items, {d['files']} files)", "",
-             f"| {'what':34s} | script s | wall s | GB/s | vs raw read | scaling eff. |",
-             f"|{'-' * 36}|---------:|-------:|-----:|------------:|-------------:|"]
-    for r in results["rows"]:
-        eff = f"{r['scaling_efficiency']:.2f}" if "scaling_efficiency" in r else ""
-        lines.append(f"| {r['name']:34s} | {r['seconds']:8.2f} | {r['wall_seconds']:6.2f} | {r['gb_per_s']:4.2f} "
-                     f"| {r['vs_raw_read']:11.2f} | {eff:>12s} |")
-    lines += ["", "max relative difference vs serial: "
-              + ", ".join(f"{k} {v:.1e}" for k, v in results["max_rel_diff_vs_serial"].items()),
-              "bitwise identical to serial: "
-              + ", ".join(f"{k} {v}" for k, v in results["bitwise_identical_to_serial"].items())]
-    return "\n".join(lines)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset-dir", type=Path, help="a Well dataset (default: write a synthetic one)")
@@ -151,9 +126,8 @@ def main() -> int:
                         help="only print the table of an earlier results file, measure nothing")
     args = parser.parse_args()
     if args.table is not None:
-        if not args.table.is_file():
-            raise UserError(f"no results file {args.table}: run the benchmark with --json {args.table} first")
-        print(markdown_table(json.loads(args.table.read_text())))
+        result = read_result(args.table)
+        print(benchmark_markdown(result["data"]) + "\n\n" + caption(result))
         return 0
     if args.repeat < 1 or args.synthetic_gb <= 0:
         raise UserError("--repeat must be at least 1 and --synthetic-gb positive")
@@ -221,17 +195,14 @@ def main() -> int:
         r["vs_raw_read"] = raw1 / r["seconds"]
         if r["name"].startswith("distributed") and dist1:
             r["scaling_efficiency"] = dist1 / r["seconds"] / r["ranks"]
-    results = {"command": "python solutions/04_distributed_stats/benchmark.py " + shlex.join(sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d", time.gmtime()),
-               "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-                           "torch": torch_version(), "load_average_at_start": load_at_start,
-                           "load_average_at_end": os.getloadavg()[0]},
-               "dataset": {"path": str(args.dataset_dir or "synthetic"), "gigabytes": gb,
-                           "items": len(plan.items), "files": len(plan.files)},
-               "rows": rows, "max_rel_diff_vs_serial": agreement, "bitwise_identical_to_serial": identical}
+    command = "python solutions/04_distributed_stats/benchmark.py " + shlex.join(sys.argv[1:])
+    data = {"load_average_at_start": round(load_at_start, 2), "load_average_at_end": round(os.getloadavg()[0], 2),
+            "dataset": {"path": str(args.dataset_dir or "synthetic"), "gigabytes": gb,
+                        "items": len(plan.items), "files": len(plan.files)},
+            "rows": rows, "max_rel_diff_vs_serial": agreement, "bitwise_identical_to_serial": identical}
     print()
-    print(markdown_table(results))
-    atomic_write_json(args.json, results)
+    print(benchmark_markdown(data))
+    write_result(args.json, command.strip(), data)
     print(f"wrote {args.json}")
     return 0
 
