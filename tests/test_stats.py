@@ -224,3 +224,20 @@ def test_dask_version_matches_reference(dataset, tmp_path):
     got = without_loss_weight(yaml.safe_load(out.read_text()))
     assert S.max_relative_difference(got, reference_stats(dataset)) <= 1e-10
 
+
+
+def test_pitfalls_output_is_what_the_readme_shows():
+    """exercises/04_distributed_stats/pitfalls.py prints the wrong-vs-right numbers the README quotes."""
+    r = subprocess.run([sys.executable, "exercises/04_distributed_stats/pitfalls.py"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    readme = (ROOT / "exercises" / "04_distributed_stats" / "README.md").read_text()
+    shown = readme[readme.index("`python exercises/04_distributed_stats/pitfalls.py`:"):].split("```\n", 2)[1]
+    # float64 E[x^2] - E[x]^2 keeps ~5 digits; which ones depends on torch's summation order on this CPU
+    import re
+
+    def stable(text):
+        text = re.sub(r"(float64 E\[x\^2\]-E\[x\]\^2: std 0\.0100)\d+", r"\1", text)
+        return re.sub(r"(one-pass: )[0-9.e+-]+\)", r"\1...)", text).strip()
+
+    assert stable(r.stdout) == stable(shown)
