@@ -15,7 +15,7 @@ from pathlib import Path
 
 from wellfno.cli import run_main
 from wellfno.moments import combine_blocks
-from wellfno.stats import CHUNK_BYTES, plan_dataset, reduce_range, stats_from_moments, write_stats_yaml
+from wellfno.stats import CHUNK_BYTES, plan_dataset, reduce_range, stats_from_moments, stats_output, write_stats_yaml
 
 
 def main() -> int:
@@ -27,6 +27,7 @@ def main() -> int:
                         help="MiB of one field read at a time; bounds memory (default: %(default)s)")
     args = parser.parse_args()
     started = time.perf_counter()
+    out = stats_output(args.out, args.dataset_dir)
 
     # The work items: (file, trajectory, time chunk), checked and listed; the same for everyone.
     plan = plan_dataset(args.dataset_dir, args.split, int(args.chunk_mb * 2**20))
@@ -34,7 +35,7 @@ def main() -> int:
     blocks = reduce_range(plan, 0, len(plan.items)).as_dict()
     total = combine_blocks(blocks, len(plan.items), plan.n_channels)
 
-    out = write_stats_yaml(stats_from_moments(plan, total), args.out or args.dataset_dir / "stats.yaml")
+    write_stats_yaml(stats_from_moments(plan, total), out)
     print(f"wrote {out} in {time.perf_counter() - started:.2f} s")
     return 0
 

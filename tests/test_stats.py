@@ -241,3 +241,17 @@ def test_pitfalls_output_is_what_the_readme_shows():
         return re.sub(r"(one-pass: )[0-9.e+-]+\)", r"\1...)", text).strip()
 
     assert stable(r.stdout) == stable(shown)
+
+
+@pytest.mark.parametrize("script", ["stats.py", pytest.param("solutions/04_distributed_stats/stats.py",
+                                                               marks=pytest.mark.slow)])  # torch import x3
+def test_bad_paths_are_one_line_before_any_reading(dataset, tmp_path, script):
+    """--out naming a folder, or a file given as the dataset folder: one line, exit 2, nothing written."""
+    for args, words in [([dataset, "--out", tmp_path], "is a folder"),
+                        ([ROOT / "README.md"], "dataset folder " + str(ROOT / "README.md") + " is a file, not a folder"),
+                        ([dataset, "--out", ROOT / "README.md" / "stats.yaml"], "is a file, not a folder")]:
+        r = subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []

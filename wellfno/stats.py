@@ -87,7 +87,8 @@ class Plan:
 def find_split_files(dataset_dir: str | Path, split: str = "train") -> list[Path]:
     dataset_dir = Path(dataset_dir)
     if not dataset_dir.is_dir():
-        raise UserError(f"dataset folder {dataset_dir} does not exist; pass the folder that holds data/{split}/")
+        what = "is a file, not a folder" if dataset_dir.exists() else "does not exist"
+        raise UserError(f"dataset folder {dataset_dir} {what}; pass the folder that holds data/{split}/")
     split_dir = dataset_dir / "data" / split
     files = split_files(dataset_dir, split)
     if not files:
@@ -404,9 +405,22 @@ def format_stats_yaml(stats: dict) -> str:
     return yaml.dump(stats, Dumper=_StatsDumper, sort_keys=False, default_flow_style=False, width=1000)
 
 
+def stats_output(out: str | Path | None, dataset_dir: str | Path) -> Path:
+    """Where stats.yaml goes (default: in the dataset folder), checked before hours of reading."""
+    if out is None:  # the dataset folder: plan_dataset says what is wrong with it
+        return Path(dataset_dir) / "stats.yaml"
+    path = Path(out)
+    if path.is_dir():
+        raise UserError(f"--out {path} is a folder: give a file name, e.g. {path / 'stats.yaml'}")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UserError(f"--out {path}: {parent} is a file, not a folder")
+    return path
+
+
 def write_stats_yaml(stats: dict, path: str | Path) -> Path:
     """Write stats.yaml at full precision, atomically (nothing partial if interrupted)."""
-    return atomic_write_text(path, format_stats_yaml(stats))
+    return atomic_write_text(stats_output(path, "."), format_stats_yaml(stats))
 
 
 def flatten_stats(stats: dict) -> Iterator[tuple[str, str, float]]:
@@ -455,6 +469,6 @@ def benchmark_table(root) -> str:
 
 __all__ = [
     "compute_dataset_stats", "write_stats_yaml", "format_stats_yaml", "plan_dataset", "rank_ranges",
-    "plan_fingerprint", "reduce_range", "stats_from_moments", "ItemReader", "max_relative_difference",
+    "plan_fingerprint", "reduce_range", "stats_from_moments", "stats_output", "ItemReader", "max_relative_difference",
     "loss_weights", "find_split_files", "CHUNK_BYTES",
 ]

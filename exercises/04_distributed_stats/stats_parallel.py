@@ -26,7 +26,7 @@ from wellfno.device import BACKEND_CHOICES, pick_backend
 from wellfno.launch import launch_environment
 from wellfno.moments import combine_blocks, pack_blocks, unpack_blocks  # noqa: F401 - for TODO 3
 from wellfno.stats import (CHUNK_BYTES, plan_dataset, plan_fingerprint, rank_ranges, reduce_range,  # noqa: F401
-                           stats_from_moments, write_stats_yaml)
+                           stats_from_moments, stats_output, write_stats_yaml)
 from wellfno.watchdog import Watchdog, check_same_on_every_rank  # noqa: F401 - for TODO 4
 
 
@@ -44,6 +44,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.timeout <= 0:
         raise UserError(f"--timeout {args.timeout} must be positive: seconds, e.g. 300")
+    out = stats_output(args.out, args.dataset_dir)
     started = time.perf_counter()
 
     env = launch_environment()  # torchrun's or srun's variables; rank 0 of 1 without a launcher
@@ -75,7 +76,7 @@ def main() -> int:
             every_block = blocks
             if env.rank == 0:
                 total = combine_blocks(every_block, len(plan.items), plan.n_channels)
-                out = write_stats_yaml(stats_from_moments(plan, total), args.out or args.dataset_dir / "stats.yaml")
+                write_stats_yaml(stats_from_moments(plan, total), out)
 
             # TODO 4 (bonus): before merging, check that every rank planned the same items.
             watchdog.wait_for_all()  # every rank exits non-zero if rank 0 could not write

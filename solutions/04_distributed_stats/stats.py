@@ -31,7 +31,7 @@ from wellfno.device import BACKEND_CHOICES, pick_backend
 from wellfno.launch import launch_environment
 from wellfno.moments import combine_blocks, pack_blocks, unpack_blocks
 from wellfno.stats import (CHUNK_BYTES, plan_dataset, plan_fingerprint, rank_ranges, reduce_range,
-                           stats_from_moments, write_stats_yaml)
+                           stats_from_moments, stats_output, write_stats_yaml)
 from wellfno.watchdog import Watchdog, check_same_on_every_rank
 
 
@@ -49,6 +49,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.timeout <= 0:
         raise UserError(f"--timeout {args.timeout} must be positive: seconds, e.g. 300")
+    out = stats_output(args.out, args.dataset_dir)
     started = time.perf_counter()
 
     env = launch_environment()  # torchrun's or srun's variables; rank 0 of 1 without a launcher
@@ -82,7 +83,7 @@ def main() -> int:
             if env.rank == 0:
                 every_block = unpack_blocks(torch.stack(gathered).cpu().numpy(), plan.n_channels)
                 total = combine_blocks(every_block, len(plan.items), plan.n_channels)
-                out = write_stats_yaml(stats_from_moments(plan, total), args.out or args.dataset_dir / "stats.yaml")
+                write_stats_yaml(stats_from_moments(plan, total), out)
             watchdog.wait_for_all()  # every rank exits non-zero if rank 0 could not write
     finally:
         if dist.is_initialized():
