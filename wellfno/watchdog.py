@@ -30,9 +30,19 @@ that every torch.distributed process group already has:
   collective waiting for a rank that hangs). The clock starts at the first `step()`, so a long
   start (opening thousands of files, compiling) is never taken for a hang.
 
+- A collective that fails because its peer vanished (gloo: "Connection reset by peer", at once)
+  is not blamed on this rank: leaving the `with` block with such an error waits up to
+  `dead_after_s` for the heartbeats to name the rank that died.
+
 Costs: about 4 small store requests per rank per `heartbeat_s`; nothing on the collectives.
 A training loop's `step()` only reads a flag. With one process (world size 1) everything here
-does nothing.
+does nothing. When the store's host dies, torch's C++ client logs a warning on each rank before
+the line; TORCH_CPP_LOG_LEVEL=ERROR in the environment silences it.
+
+Sources: srun's --kill-on-bad-exit, https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit;
+torchrun's agent tears down its workers when one fails,
+https://docs.pytorch.org/docs/stable/elastic/agent.html; the store API (add, check,
+compare_set), https://docs.pytorch.org/docs/stable/distributed.html#distributed-key-value-store
 """
 from __future__ import annotations
 
