@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import DATASET, REPO, run_script
+from tests.conftest import REPO, run_script
+from wellfno.grayscott import EMBEDDED as DATASET
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU")]
