@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU/CUDA wheel from PyPI; a site can point this at its own build or index.
 TORCH_SPEC ?= torch==2.13.0
-# numpy for a torch older than 2.3 (the oldest torch the course supports is 2.1: INSTRUCTORS.md).
+# numpy for a torch older than 2.3 (2.1 trains, with known defects: INSTRUCTORS.md).
 NUMPY_FOR_OLD_TORCH ?= numpy==1.26.4
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
