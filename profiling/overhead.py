@@ -67,7 +67,7 @@ def load_script(path: Path):
 def run(script, setup, n_steps, prof):
     """n_steps training steps from fresh, identical weights and batches; the step durations (s)."""
     torch.manual_seed(0)
-    model = NextFrameFNO(*setup["model_args"]).to(setup["device"])
+    model = NextFrameFNO.for_dataset(setup["dataset"], 1, setup["stats"]).to(setup["device"])
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     loader = DataLoader(setup["dataset"], batch_size=setup["batch_size"], shuffle=True,
                         generator=torch.Generator().manual_seed(0))
@@ -109,8 +109,7 @@ def main(argv=None):
     dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     train = data.well_datasets(dataset_dir)["train"]
     stats = channel_stats(data.load_stats(dataset_dir), train.core_field_names)
-    setup = dict(device=device, dataset=train, batch_size=args.batch_size,
-                 model_args=(len(data.channel_names(train)), 1, stats))
+    setup = dict(device=device, dataset=train, batch_size=args.batch_size, stats=stats)
     n_steps = args.wait + args.warmup + args.active + args.after
     window = range(args.wait, args.wait + args.warmup + args.active)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -153,10 +153,10 @@ def timed(batches, step, device, warmup: int, seconds: float) -> float:
 class Trainer:
     """The training step of fno.py, on batches from a loader or on one synthetic device batch."""
 
-    def __init__(self, n_fields, n_steps_input, stats, device, seed):
+    def __init__(self, dataset, n_steps_input, stats, device, seed):
         torch.manual_seed(seed)
         self.device = device
-        self.model = NextFrameFNO(n_fields, n_steps_input, stats).to(device)
+        self.model = NextFrameFNO.for_dataset(dataset, n_steps_input, stats).to(device)  # 2-D or 3-D
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
 
     def train(self, x, y) -> int:
@@ -268,9 +268,8 @@ def main(argv=None):
     if "fast" in args.readers:
         splits["fast"] = FastWellDataset(args.dataset_dir, "train", args.n_steps_input)
     any_split = next(iter(splits.values()))
-    fields = data.channel_names(any_split)
     stats = channel_stats(data.load_stats(args.dataset_dir), any_split.core_field_names)
-    trainer = Trainer(len(fields), args.n_steps_input, stats, device, args.seed)
+    trainer = Trainer(any_split, args.n_steps_input, stats, device, args.seed)
     sample = any_split[0]
     x, y = data.batch_to_model({k: v.unsqueeze(0).expand(args.batch_size, *v.shape) for k, v in sample.items()}, device)
     synthetic = iter(lambda: (x, y), None)  # the same device batch forever: no data pipeline at all
