@@ -71,7 +71,12 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=32, help="FNO hidden channels")
     p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per dimension")
     p.add_argument("--layers", type=int, default=4, help="FNO blocks")
+    p.add_argument("--nvtx", action="store_true",
+                   help="emit the record_function ranges as NVTX (NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     args = p.parse_args(argv)
+    if args.nvtx and args.profile:
+        raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3; --profile to torch.profiler: "
+                        "use one at a time")
     if args.num_workers < 0 or (args.prefetch_factor is not None and args.prefetch_factor < 1):
         raise UserError("--num-workers must be 0 or more and --prefetch-factor at least 1")
     if args.num_workers == 0 and (args.prefetch_factor is not None or args.persistent_workers):
@@ -227,6 +232,8 @@ def main(argv=None):
         device = rank_device if rank_device.type == device.type else device  # cuda:<local rank's GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     check_amp(args.amp, device)
+    if args.nvtx and device.type != "cuda":
+        raise UserError("--nvtx marks ranges for Nsight Systems / rocprofv3 on a GPU; on the CPU use --profile")
     if args.compile:
         check_compiler(device)
     out = Path(args.out)
@@ -293,6 +300,9 @@ def main(argv=None):
                        schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
                                          active=args.profile_active, repeat=1))
         prof.start()
+    # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch routes NVTX to ROCTx.
+    nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
+    nvtx.__enter__()
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
@@ -310,6 +320,7 @@ def main(argv=None):
               + (f"  (first step, compiling: {compiling:.1f} s, timed apart)" if compiling else ""))
         atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                                            scaler=scaler.state_dict(), epoch=epoch, step=step, history=history))
+    nvtx.__exit__(None, None, None)
     if prof:
         prof.stop()
         if not trace.exists():
