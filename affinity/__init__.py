@@ -3,21 +3,24 @@
 Plain Python over sysfs (no hwloc, no vendor library), so the same code reads an
 NVIDIA node, an AMD APU node, a laptop, or a fake sysfs tree under tests/fixtures.
 
-    from affinity import bind_this_rank, pin_worker, report_line
+    from affinity import bind_this_rank, worker_init_fn, report_line
     cpus, device = bind_this_rank(mode="exclusive")
-    loader = DataLoader(ds, num_workers=4, worker_init_fn=pin_worker(cpus))
+    loader = DataLoader(ds, num_workers=4, worker_init_fn=worker_init_fn(cpus))
     print(report_line(device=device))
 
+Layers (each imports only those above it): discover (hardware) -> plan (CPU sets) ->
+placement (the report line) -> bind (pin ranks and workers) -> report (script).
 Scripts (run from the repository root): affinity/discover.py, affinity/plan.py,
 affinity/report.py, affinity/benchmark.py.
 """
-from affinity.discover import Gpu, Topology, discover, format_cpulist, parse_cpulist
-from affinity.plan import MODES, Assignment, make_plan
-from affinity.bind import bind_this_rank, pin_worker
-from affinity.report import report_line
+from affinity.discover import Gpu, Topology, discover, format_cpulist, parse_cpulist, visible_gpu_pci
+from affinity.plan import MODES, Assignment, device_index_for, make_plan
+from affinity.placement import WorkerReport, report_line
+from affinity.bind import RankBinding, bind_this_rank, plan_this_rank, worker_init_fn
 
 __all__ = [
-    "Gpu", "Topology", "discover", "format_cpulist", "parse_cpulist",
-    "MODES", "Assignment", "make_plan",
-    "bind_this_rank", "pin_worker", "report_line",
+    "Gpu", "Topology", "discover", "format_cpulist", "parse_cpulist", "visible_gpu_pci",
+    "MODES", "Assignment", "device_index_for", "make_plan",
+    "WorkerReport", "report_line",
+    "RankBinding", "bind_this_rank", "plan_this_rank", "worker_init_fn",
 ]

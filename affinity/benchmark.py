@@ -8,12 +8,14 @@
      collapsed   the parent was pinned to one CPU before the workers forked (what an OpenMP
                  runtime binding the main thread, or a launcher giving the task one CPU, does):
                  every worker inherits that one CPU;
-     pin_worker  same parent, but worker_init_fn=pin_worker(cpus) re-spreads the workers;
+     worker_init_fn  same parent, but worker_init_fn=worker_init_fn(cpus) re-spreads the workers;
      unpinned    the parent may use all allowed CPUs, no pinning (the OS scheduler decides).
 2. Competing load: one worker on the CPU a busy process also runs on, vs on a free CPU.
 3. GPU-resident compute (only with a GPU): a training step whose data already lives on the GPU,
    with the process pinned to one CPU vs all allowed CPUs. The GPU does the work; the CPU only
-   launches kernels, so placement barely matters.
+   launches kernels, so placement barely matters. Every thread of the process moves between the
+   conditions (all_threads_on): autograd starts a device thread at the first backward, and that
+   thread would otherwise keep the one-CPU mask of the condition it was born in.
 Runs are interleaved (A B C A B C ...) and the median is reported, so drift hits all alike.
 """
 from __future__ import annotations
@@ -23,9 +25,9 @@ import os
 import platform
 import statistics
 import time
+from contextlib import contextmanager
 
-
-from affinity.bind import pin_worker
+from affinity.bind import set_affinity_all_threads, worker_init_fn
 from affinity.discover import format_cpulist
 from wellfno.cli import UserError, run_main
 from wellfno.machine import cpu_model
@@ -49,7 +51,19 @@ class HeavySamples:
         return x
 
 
-
+@contextmanager
+def all_threads_on(cpus):
+    """Run the block with every thread of this process on `cpus` (threads started inside the
+    block inherit them), then give each thread its mask back."""
+    previous = set_affinity_all_threads(cpus, include_pinned=True)
+    try:
+        yield
+    finally:
+        for tid, mask in previous.items():
+            try:
+                os.sched_setaffinity(tid, mask)
+            except OSError:  # the thread has exited
+                pass
 
 
 def time_loader(samples: int, workers: int, parent_cpus, worker_init) -> float:
@@ -83,7 +97,7 @@ def pipeline_table(args, allowed: list[int]) -> list[tuple[str, float]]:
     one = {allowed[0]}
     conditions = {
         "collapsed": (one, None),
-        "pin_worker": (one, pin_worker(allowed)),
+        "worker_init_fn": (one, worker_init_fn(allowed)),
         "unpinned": (set(allowed), None),
     }
     results = {k: [] for k in conditions}
@@ -104,7 +118,7 @@ def competing_table(args, allowed: list[int]) -> list[tuple[str, float]]:
         for _ in range(args.repeats):
             for name, cpu in zip(results, (busy_cpu, free_cpu)):
                 # The parent runs on the free CPU in both cases; only the worker moves.
-                results[name].append(time_loader(args.samples // 2, 1, {free_cpu}, pin_worker([cpu])))
+                results[name].append(time_loader(args.samples // 2, 1, {free_cpu}, worker_init_fn([cpu])))
     finally:
         stop.set()
         hog.join(timeout=5)
@@ -121,9 +135,7 @@ def gpu_table(args, allowed: list[int]) -> list[tuple[str, float]] | None:
     x = torch.randn(16, 32, 128, 128, device=device)
 
     def steps_per_s(cpus) -> float:
-        original = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, cpus)
-        try:
+        with all_threads_on(cpus):
             for _ in range(5):
                 model(x).square().mean().backward()
             torch.cuda.synchronize()
@@ -134,8 +146,6 @@ def gpu_table(args, allowed: list[int]) -> list[tuple[str, float]] | None:
                 opt.step()
             torch.cuda.synchronize()
             return args.gpu_steps / (time.perf_counter() - start)
-        finally:
-            os.sched_setaffinity(0, original)
 
     results = {f"1 CPU ({allowed[-1]})": [], f"all {len(allowed)} allowed CPUs": []}
     for _ in range(args.repeats):

@@ -1,175 +1,191 @@
 """Bind this rank (CPUs + GPU) and pin its DataLoader workers.
 
-    from affinity.bind import bind_this_rank, pin_worker
-    cpus, device = bind_this_rank(mode="exclusive")      # reads LOCAL_RANK or SLURM_LOCALID
-    loader = DataLoader(ds, num_workers=4, worker_init_fn=pin_worker(cpus))
+    from affinity.bind import bind_this_rank, worker_init_fn
+    cpus, device = bind_this_rank(mode="exclusive")      # torchrun or srun: wellfno.launch
+    loader = DataLoader(ds, num_workers=4, worker_init_fn=worker_init_fn(cpus))
+
+Which CPUs a rank gets (plan_this_rank), for every way Slurm hands out GPUs:
+- The rank's GPU is a physical GPU of the node: the PCI address of the torch device it drives
+  (affinity.discover.visible_gpu_pci), looked up in the node's GPU list from sysfs.
+- The ranks whose GPUs share a NUMA node split that node's allowed cores (no overlap):
+    all GPUs visible to every rank (--gpus-per-node, torchrun): the GPUs the node's local ranks drive;
+    one GPU per rank (--gpus-per-task=1): a rank cannot see the others' GPUs, so every GPU of its
+    NUMA node counts as taken (the others may be driven by this job's other ranks);
+    srun bound each task to its own CPUs already (srun's default --cpu-bind; SLURM_CPU_BIND_TYPE is
+    not 'none'), e.g. with --gpu-bind=closest: the rank keeps its CPUs on its GPU's NUMA node.
+- The job's CPUs are not on the GPU's NUMA node: no error (that would end the job, and Slurm's
+  afterok would cancel the next ones); the rank keeps CPUs of its own (a CPU-only share of the
+  allowed CPUs), prints a one-line warning, and its report says match=NO.
 
 Why pin workers explicitly: a forked DataLoader worker inherits the affinity of the thread that
 forked it. If that thread had been pinned to one core (an OpenMP runtime with
 KMP_AFFINITY/GOMP_CPU_AFFINITY/OMP_PROC_BIND binds the main thread; a launcher gave the task one
 CPU), every worker lands on that one core and the input pipeline runs at 1/N speed.
-pin_worker gives each worker its own slice of the rank's cores instead.
+worker_init_fn gives each worker its own slice of the rank's cores instead.
 """
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import Mapping
 
-
-from affinity.discover import discover, format_cpulist
-from affinity.plan import make_plan
+from affinity.discover import Gpu, Topology, discover, format_cpulist, visible_gpu_pci
+from affinity.placement import WorkerReport
+from affinity.plan import core_share, device_index_for, gpu_cpus, make_plan, physical_cores
 from wellfno.cli import UserError
+from wellfno.launch import LaunchEnv, launch_environment
 
 
-def local_rank_from_env(env=None) -> int:
-    """torchrun sets LOCAL_RANK, srun sets SLURM_LOCALID; a lone process is local rank 0."""
+@dataclass(frozen=True)
+class RankBinding:
+    cpus: frozenset[int]          # where the rank will run
+    device_index: int | None      # torch cuda index it drives; None on the CPU
+    gpu: Gpu | None               # that GPU in the node's list; None: CPU, or its PCI address unknown
+    warning: str | None = None    # one line, when the rank could not be placed next to its GPU
+
+
+def cpus_bound_by_launcher(launch: LaunchEnv, env: Mapping[str, str] | None = None) -> bool:
+    """True when srun pinned this task to CPUs of its own. srun exports the binding it applied:
+    SLURM_CPU_BIND_TYPE='mask_cpu:' for its default (cores) binding, 'none' for --cpu-bind=none
+    (checked on the CI cluster: `srun -n2 env | grep CPU_BIND`). Under torchrun every worker
+    inherits the same mask, so it is never a per-rank binding."""
     env = os.environ if env is None else env
-    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
-        if env.get(name, "") != "":
-            try:
-                return int(env[name])
-            except ValueError:
-                raise UserError(f"{name}={env[name]!r} is not an integer") from None
-    return 0
+    bind_type = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    return launch.launcher == "srun" and bind_type not in ("", "none")
 
 
-def local_world_size_from_env(env=None) -> int | None:
-    """Ranks on this node: LOCAL_WORLD_SIZE (torchrun) or SLURM_NTASKS_PER_NODE /
-    SLURM_STEP_TASKS_PER_NODE (srun; the latter looks like '4(x2)' or '4,3': the first count)."""
-    env = os.environ if env is None else env
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE"):
-        value = env.get(name, "")
-        if value:
-            head = value.split(",")[0].split("(")[0]
-            if head.isdigit():
-                return int(head)
-    return None
+def _cpu_share(topo: Topology, mode: str, launch: LaunchEnv, bound: bool) -> tuple[set[int], str | None]:
+    """A CPU-only rank's CPUs: its disjoint share of the allowed CPUs, or all of them when the
+    launcher already gave it its own (or there are fewer cores than ranks)."""
+    allowed = set(topo.allowed)
+    if bound:
+        return allowed, None
+    nranks = max(launch.local_world_size or 1, launch.local_rank + 1)
+    try:
+        return set(make_plan(topo, mode, nranks=nranks, use_gpus=False)[launch.local_rank].cpus), None
+    except UserError:
+        # Fewer cores than local ranks: an oversubscribed node. Keep them rather than fail.
+        return allowed, (f"{len(allowed)} allowed CPU(s) cannot be split among {nranks} local ranks; "
+                         f"keeping {format_cpulist(allowed)}")
 
 
-def visible_gpu_pci(torch_module=None) -> list[str]:
-    """sysfs PCI addresses of the GPUs this process sees, in device-index order.
+def plan_this_rank(topo: Topology, mode: str, launch: LaunchEnv, visible_pci: list[str | None],
+                   bound_by_launcher: bool = False) -> RankBinding:
+    """Where this rank should run (pure: the rules in the module docstring).
 
-    CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES are already applied by the
-    runtime here, so index i of this list is torch.device('cuda', i) whatever the restriction."""
-    if torch_module is None:
-        import torch as torch_module
-    out = []
-    for i in range(torch_module.cuda.device_count()):
-        p = torch_module.cuda.get_device_properties(i)
-        # Same formatting as torch/numa/binding.py (_get_numa_node_index_for_gpu_index).
-        out.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
-    return out
+    `visible_pci`: PCI address of each GPU torch sees (index order; empty on the CPU)."""
+    n = len(visible_pci)
+    if n == 0:
+        cpus, warning = _cpu_share(topo, mode, launch, bound_by_launcher)
+        return RankBinding(frozenset(cpus), None, None, warning)
+    index = device_index_for(launch.local_rank, launch.local_world_size, n, launch.launcher)
+    by_pci = {g.pci: g for g in topo.gpus}
+    gpu = by_pci.get(visible_pci[index] or "")
+    if gpu is None:
+        # A container or VM can hide the PCI tree; keep the allowed CPUs rather than guess.
+        return RankBinding(frozenset(topo.allowed), index, None,
+                           f"GPU {index} (PCI {visible_pci[index] or 'unknown'}) not found under {topo.root}/bus/pci; "
+                           f"CPUs left at {format_cpulist(topo.allowed)}")
+    if bound_by_launcher:
+        sharing = [gpu]
+    elif n > 1:
+        ranks = range(launch.local_world_size or n)
+        driven = sorted({device_index_for(r, launch.local_world_size, n, launch.launcher) for r in ranks} | {index})
+        sharing = [by_pci[visible_pci[i]] for i in driven if visible_pci[i] in by_pci]
+    elif launch.local_world_size == 1:
+        sharing = [gpu]
+    else:
+        sharing = topo.gpus_on(gpu.numa)
+    try:
+        return RankBinding(frozenset(gpu_cpus(topo, mode, gpu, sharing)), index, gpu)
+    except UserError as err:
+        cpus, _ = _cpu_share(topo, mode, launch, bound_by_launcher)
+        return RankBinding(frozenset(cpus), index, gpu,
+                           f"GPU {gpu.index} ({gpu.pci}) is on NUMA node {gpu.numa}, but this rank cannot run there "
+                           f"({err}); using CPUs {format_cpulist(cpus)} (match=NO): ask Slurm for CPUs next to "
+                           "the GPUs (--cpus-per-gpu, --gpu-bind=closest)")
 
 
-def set_affinity_all_threads(cpus) -> None:
-    """sched_setaffinity(0) binds only the calling thread; threads started earlier (a torch
-    intra-op pool, a logging thread) keep the old mask. Like torch.numa, rebind every thread
-    that still has the process's original mask and leave deliberately pinned ones alone."""
+def set_affinity_all_threads(cpus, include_pinned: bool = False) -> dict[int, set[int]]:
+    """Set the CPU mask of this process's threads; returns each changed thread's previous mask.
+
+    sched_setaffinity(0) binds only the calling thread; threads started earlier (a torch intra-op
+    pool, autograd's device threads, a logging thread) keep their mask. Like torch.numa, rebind
+    every thread that still has the calling thread's mask, and leave deliberately pinned ones
+    alone, unless include_pinned (a benchmark that moves the whole process between conditions)."""
     cpus = set(cpus)
     original = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
+    previous = {}
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
-        return
+        tids = []
     for tid in tids:
         try:
-            if os.sched_getaffinity(tid) == original:
+            mask = os.sched_getaffinity(tid)
+            if include_pinned or mask == original:
                 os.sched_setaffinity(tid, cpus)
+                previous[tid] = mask
         except OSError:  # the thread exited meanwhile
             pass
+    if not tids:
+        os.sched_setaffinity(0, cpus)
+        previous[0] = original
+    return previous
 
 
-def physical_core_count(cpus, core_of: dict[int, int] | None) -> int:
-    if not core_of:
-        return len(set(cpus))
-    return len({core_of.get(c, c) for c in cpus})
-
-
-def bind_this_rank(mode: str = "exclusive", sysfs: str = "/sys", local_rank: int | None = None,
-                   set_threads: bool = True, torch_module=None):
+def bind_this_rank(mode: str = "exclusive", sysfs: str = "/sys", set_threads: bool = True, torch_module=None,
+                   env: Mapping[str, str] | None = None):
     """Pin this process to its planned CPUs and pick its GPU. Returns (cpus, device).
 
-    - local rank from LOCAL_RANK or SLURM_LOCALID (or the argument);
-    - GPU: device index = local rank modulo the number of visible devices, so it works both when
-      every rank sees all GPUs (torchrun) and when the launcher left one per rank
-      (srun --gpus-per-task=1 / --gpu-bind=closest sets CUDA_/ROCR_VISIBLE_DEVICES);
-    - CPUs: the plan of `mode` for the visible GPUs, within the CPUs this process is allowed
-      (a Slurm cpuset or an earlier binding is respected, never widened);
-    - no GPU: disjoint CPU sets per local rank (LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE ranks).
-    """
+    Local rank and ranks per node from torchrun or srun (wellfno.launch.launch_environment; an
+    inconsistent environment is a one-line UserError). CPUs stay within what this process may use
+    (a Slurm cpuset or an earlier binding is respected, never widened). Intra-op threads: one per
+    physical core it got."""
     if torch_module is None:
         import torch as torch_module
     torch = torch_module
-    rank = local_rank_from_env() if local_rank is None else local_rank
+    env = os.environ if env is None else env
+    launch = launch_environment(env)
     topo = discover(sysfs)  # allowed = what this process may use now
-    cpus = set(topo.allowed)
-    n_visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n_visible > 0:
-        index = rank % n_visible
-        device = torch.device("cuda", index)
-        torch.cuda.set_device(device)
-        by_pci = {g.pci: g for g in topo.gpus}
-        pcis = visible_gpu_pci(torch)
-        mine = pcis[index]
-        if mine in by_pci:
-            selected = [by_pci[p].index for p in pcis if p in by_pci]
-            plan = make_plan(topo, mode, gpus=selected)
-            cpus = set(next(a.cpus for a in plan if a.gpu.pci == mine))
-        else:
-            # A container or VM can hide the PCI tree; keep the allowed CPUs rather than guess.
-            print(f"affinity: GPU {mine} not found under {sysfs}/bus/pci; CPUs left at "
-                  f"{format_cpulist(cpus)}", file=sys.stderr)
-    else:
+    binding = plan_this_rank(topo, mode, launch, visible_gpu_pci(torch, sysfs),
+                             cpus_bound_by_launcher(launch, env))
+    if binding.warning:
+        print(f"affinity: warning: rank {launch.rank}: {binding.warning}", file=sys.stderr, flush=True)
+    if binding.device_index is None:
         device = torch.device("cpu")
-        nranks = max(local_world_size_from_env() or 1, rank + 1)
-        try:
-            plan = make_plan(topo, mode, nranks=nranks, use_gpus=False)
-            cpus = set(plan[rank].cpus)
-        except UserError:
-            # Fewer cores than local ranks: the launcher already gave this rank its own CPUs
-            # (srun's default --cpu-bind=cores), or the node is oversubscribed. Keep them.
-            print(f"affinity: {len(cpus)} allowed CPU(s) cannot be split among {nranks} local ranks; "
-                  f"keeping {format_cpulist(cpus)}", file=sys.stderr)
-    set_affinity_all_threads(cpus)
+    else:
+        device = torch.device("cuda", binding.device_index)
+        torch.cuda.set_device(device)
+    set_affinity_all_threads(binding.cpus)
     if set_threads:
-        # One intra-op thread per physical core: SMT siblings share the FPU, extra threads there
-        # mostly add contention.
-        torch.set_num_threads(max(1, physical_core_count(cpus, topo.core_of)))
-    return sorted(cpus), device
+        # SMT siblings share the FPU; more threads than cores mostly add contention.
+        torch.set_num_threads(max(1, len(physical_cores(binding.cpus, topo.core_of))))
+    return sorted(binding.cpus), device
 
 
 def worker_cpus(cpus, worker_id: int, num_workers: int, core_of: dict[int, int] | None = None) -> set[int]:
     """CPUs of DataLoader worker `worker_id` of `num_workers` within a rank's `cpus`.
 
-    Workers <= cores: the cores are split into contiguous blocks (lower workers get the
-    remainder), each block with its SMT siblings -- disjoint sets, no two workers on one core.
-    More workers than cores: worker w shares core w mod #cores (round robin, still spread)."""
+    Workers <= cores: contiguous blocks of cores (affinity.plan.core_share: lower workers get the
+    remainder, SMT siblings stay together), disjoint sets. More workers than cores: worker w
+    shares core w mod #cores (round robin, still spread)."""
     cpus = set(cpus)
-    core_of = core_of or {}
-    cores: dict[int, set[int]] = {}
-    for c in cpus:
-        cores.setdefault(core_of.get(c, c), set()).add(c)
-    ordered = [cores[k] for k in sorted(cores)]
     if num_workers <= 0:
         return cpus
-    if num_workers > len(ordered):
-        return ordered[worker_id % len(ordered)]
-    per, extra = divmod(len(ordered), num_workers)
-    start = worker_id * per + min(worker_id, extra)
-    end = start + per + (1 if worker_id < extra else 0)
-    return set().union(*ordered[start:end])
+    cores = physical_cores(cpus, core_of)
+    if num_workers > len(cores):
+        return cores[worker_id % len(cores)]
+    return core_share(cpus, core_of, worker_id, num_workers)
 
 
 class WorkerPinner:
     """worker_init_fn for torch DataLoader (a class, so it pickles for spawn/forkserver)."""
 
-    def __init__(self, cpus, threads_per_worker: int = 1, report: bool = False,
-                 core_of: dict[int, int] | None = None, then=None, sysfs: str = "/sys"):
+    def __init__(self, cpus, threads_per_worker: int = 1, core_of: dict[int, int] | None = None, then=None):
         self.cpus = sorted(cpus)
-        self.sysfs = sysfs
         self.threads_per_worker = threads_per_worker
-        self.report = report
         self.core_of = core_of
         self.then = then
 
@@ -177,29 +193,36 @@ class WorkerPinner:
         import torch
         info = torch.utils.data.get_worker_info()
         num_workers = info.num_workers if info is not None else 1
-        mine = worker_cpus(self.cpus, worker_id, num_workers, self.core_of)
-        set_affinity_all_threads(mine)
+        set_affinity_all_threads(worker_cpus(self.cpus, worker_id, num_workers, self.core_of))
         # A worker decodes one sample at a time; several torch threads per worker would
         # oversubscribe the cores the workers share between them.
         torch.set_num_threads(self.threads_per_worker)
-        if self.report:
-            from affinity.report import report_line
-            # One write per line: workers share the pipe, and print() may split text and newline.
-            sys.stdout.write(report_line(worker_id=worker_id, sysfs=self.sysfs) + "\n")
-            sys.stdout.flush()
         if self.then is not None:
             self.then(worker_id)
 
 
 def worker_init_fn(cpus, threads_per_worker: int = 1, report: bool = False, sysfs: str = "/sys",
                    then=None) -> WorkerPinner:
-    """Factory: DataLoader(..., worker_init_fn=worker_init_fn(cpus)) pins worker w to its own
-    slice of `cpus` (see worker_cpus). The SMT layout is read once here, not in every worker."""
+    """DataLoader(..., worker_init_fn=worker_init_fn(cpus)) pins worker w to its own slice of
+    `cpus` (see worker_cpus), then calls then(worker_id). report=True is short for
+    then=affinity.placement.WorkerReport(): each worker prints its placement line.
+    The SMT layout is read once here, not in every worker."""
     try:
         core_of = discover(sysfs, allowed_cpus=set(cpus)).core_of
     except UserError:
         core_of = None  # e.g. no sysfs in a sandbox: treat every CPU as its own core
-    return WorkerPinner(cpus, threads_per_worker, report, core_of, then, sysfs)
+    if report:
+        then = _ReportThen(WorkerReport(sysfs=sysfs), then)
+    return WorkerPinner(cpus, threads_per_worker, core_of, then)
 
 
-pin_worker = worker_init_fn
+class _ReportThen:
+    """report=True with a then= of the caller's: both, in that order (a class: it pickles)."""
+
+    def __init__(self, report: WorkerReport, after=None):
+        self.report, self.after = report, after
+
+    def __call__(self, worker_id: int) -> None:
+        self.report(worker_id)
+        if self.after is not None:
+            self.after(worker_id)

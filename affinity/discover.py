@@ -10,6 +10,9 @@ Only these files are read (so a fake tree for tests needs only these):
   devices/system/cpu/cpu*/topology/{thread_siblings_list,core_id,physical_package_id}
   devices/system/cpu/cpu*/cache/index3/{shared_cpu_list,level} (optional)
   bus/pci/devices/*/{vendor,class,numa_node,local_cpulist}
+and, only to find which GPU a torch device is when torch does not say (visible_gpu_pci):
+  class/kfd/kfd/topology/nodes/*/properties                   (AMD: unique_id, domain, location_id)
+  /proc/driver/nvidia/gpus/*/information                      (NVIDIA: "GPU UUID:")
 """
 from __future__ import annotations
 
@@ -199,6 +202,94 @@ def discover(sysfs: str | os.PathLike = "/sys", allowed_cpus: set[int] | None = 
     return Topology(numa_cpus=numa_cpus, core_of=core_of, package_of=package_of,
                     core_id_of=core_id_of, l3_of=l3_of, gpus=gpus,
                     allowed=set(allowed_cpus), root=str(root), warnings=warnings)
+
+
+def pci_address(domain: int, bus: int, device: int, function: int = 0) -> str:
+    """sysfs spelling of a PCI address: (0, 0x07, 0, 0) -> '0000:07:00.0'."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+def visible_gpu_pci(torch_module=None, sysfs: str | os.PathLike = "/sys",
+                    proc: str | os.PathLike = "/proc") -> list[str | None]:
+    """PCI address of every GPU this process sees, in torch device-index order (None: unknown).
+
+    The visible-device variables (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES)
+    and a Slurm cgroup are already applied by the runtime, so entry i is torch.device('cuda', i)
+    whatever the restriction; the address says which of the node's GPUs (sysfs) it is."""
+    if torch_module is None:
+        import torch as torch_module
+    if not torch_module.cuda.is_available():
+        return []
+    return [device_pci(torch_module.cuda.get_device_properties(i), sysfs, proc)
+            for i in range(torch_module.cuda.device_count())]
+
+
+def device_pci(props, sysfs: str | os.PathLike = "/sys", proc: str | os.PathLike = "/proc") -> str | None:
+    """PCI address of one torch device from its properties, by the first source that knows:
+
+    1. pci_domain_id / pci_bus_id / pci_device_id: recent torch builds (what torch.numa reads).
+    2. uuid (older builds have it, not the PCI ids), matched against the driver's own table:
+       NVIDIA: /proc/driver/nvidia/gpus/<pci>/information lists "GPU UUID: GPU-<uuid>";
+       AMD: the KFD topology node whose unique_id the uuid encodes (HIP fills the uuid with the
+       ASCII hex digits of that unique_id, as rocminfo's "Uuid: GPU-<hex>" shows) gives the PCI
+       address as its domain and location_id (bus << 8 | device << 3 | function).
+    No subprocess (nvidia-smi, rocm-smi): those list every GPU of the node whatever the visible
+    devices, and the tables above are what they read anyway."""
+    ids = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if all(isinstance(v, int) for v in ids):
+        return pci_address(*ids)
+    uuid = str(getattr(props, "uuid", "") or "").strip().lower().removeprefix("gpu-")
+    if not uuid:
+        return None
+    return _pci_from_nvidia_uuid(uuid, Path(proc)) or _pci_from_kfd_uuid(uuid, Path(sysfs))
+
+
+def _pci_from_nvidia_uuid(uuid: str, proc: Path) -> str | None:
+    gpus = proc / "driver/nvidia/gpus"
+    if not gpus.is_dir():
+        return None
+    for dev in sorted(gpus.iterdir()):
+        try:
+            text = (dev / "information").read_text()
+        except OSError:
+            continue
+        m = re.search(r"GPU UUID:\s*(?:GPU-)?([0-9a-fA-F-]+)", text)
+        if m and m.group(1).lower() == uuid:
+            return dev.name.lower()
+    return None
+
+
+def _uuid_as_unique_id(uuid: str) -> int | None:
+    """HIP's uuid bytes are the ASCII hex digits of the KFD unique_id; torch prints the bytes in
+    hex: '61616262-...' -> b'aabb...' -> 0xaabb.... A plain hex uuid is accepted as well."""
+    digits = uuid.replace("-", "")
+    try:
+        text = bytes.fromhex(digits).decode("ascii")
+        return int(text, 16)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    try:
+        return int(digits, 16)
+    except ValueError:
+        return None
+
+
+def _pci_from_kfd_uuid(uuid: str, sysfs: Path) -> str | None:
+    unique_id = _uuid_as_unique_id(uuid)
+    nodes = sysfs / "class/kfd/kfd/topology/nodes"
+    if unique_id is None or not nodes.is_dir():
+        return None
+    for node in nodes.iterdir():
+        try:
+            fields = dict(line.split()[:2] for line in (node / "properties").read_text().splitlines()
+                          if len(line.split()) >= 2)
+            if int(fields.get("unique_id", "-1")) != unique_id:
+                continue
+            location = int(fields["location_id"])
+            return pci_address(int(fields.get("domain", "0")), location >> 8, (location >> 3) & 0x1F, location & 0x7)
+        except (OSError, KeyError, ValueError):
+            continue
+    return None
 
 
 def _pci_sort_key(address: str):

@@ -37,6 +37,30 @@ class Assignment:
     cpus: frozenset[int]   # logical CPUs (SMT threads) it may run on
 
 
+def physical_cores(cpus, core_of: dict[int, int] | None) -> list[set[int]]:
+    """`cpus` grouped by physical core (with the SMT siblings among them), in core order.
+    A core is named by its lowest logical CPU, as torch does; no SMT map: every CPU is a core."""
+    core_of = core_of or {}
+    cores: dict[int, set[int]] = {}
+    for cpu in cpus:
+        cores.setdefault(core_of.get(cpu, cpu), set()).add(cpu)
+    return [cores[k] for k in sorted(cores)]
+
+
+def core_share(cpus, core_of: dict[int, int] | None, position: int, count: int) -> set[int]:
+    """The `position`-th of `count` contiguous blocks of the physical cores of `cpus`, each core
+    with its siblings; lower positions get the remainder (torch's rule). This is the one place
+    where cores are split: among the ranks of a NUMA node (plans) and the workers of a rank.
+    Raises ValueError when there are fewer cores than `count`."""
+    cores = physical_cores(cpus, core_of)
+    per, extra = divmod(len(cores), count)
+    if per < 1:
+        raise ValueError(f"{len(cores)} physical cores for {count} shares")
+    start = position * per + min(position, extra)
+    end = start + per + (1 if position < extra else 0)
+    return set().union(*cores[start:end])
+
+
 def _slot_cpus(topo: Topology, numa: int, position: int, peers: int, mode: str) -> set[int]:
     """CPUs for the `position`-th of `peers` ranks placed on NUMA node `numa`."""
     allowed = topo.numa_cpus[numa] & topo.allowed
@@ -46,18 +70,11 @@ def _slot_cpus(topo: Topology, numa: int, position: int, peers: int, mode: str) 
     if mode == "node":
         return allowed
     if mode == "exclusive":
-        # Physical core = lowest logical CPU among its siblings, as torch does; sorted, then sliced.
-        cores: dict[int, set[int]] = {}
-        for cpu in allowed:
-            cores.setdefault(topo.core_of[cpu], set()).add(cpu)
-        ordered = [cores[k] for k in sorted(cores)]
-        per, extra = divmod(len(ordered), peers)
-        if per < 1:
-            raise UserError(f"NUMA node {numa} has {len(ordered)} allowed physical cores for {peers} "
-                            "ranks; use --mode node (shared cores) or allow more CPUs")
-        start = position * per + min(position, extra)
-        end = start + per + (1 if position < extra else 0)
-        return set().union(*ordered[start:end])
+        try:
+            return core_share(allowed, topo.core_of, position, peers)
+        except ValueError:
+            raise UserError(f"NUMA node {numa} has {len(physical_cores(allowed, topo.core_of))} allowed physical "
+                            f"cores for {peers} ranks; use --mode node (shared cores) or allow more CPUs") from None
     if mode == "core-complex":
         groups: dict[int, set[int]] = {}
         for cpu in allowed:
@@ -65,6 +82,30 @@ def _slot_cpus(topo: Topology, numa: int, position: int, peers: int, mode: str) 
         ordered = [cpus for _, cpus in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
         return ordered[position % len(ordered)]
     raise UserError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+
+
+def gpu_cpus(topo: Topology, mode: str, gpu: Gpu, sharing: list[Gpu]) -> set[int]:
+    """CPUs of the rank that drives `gpu`, when the ranks driving `sharing` (this GPU among them)
+    split the allowed CPUs of their NUMA nodes: GPUs on one node get disjoint cores in GPU order."""
+    peers = sorted({g.index: g for g in sharing if g.numa == gpu.numa}.values(), key=lambda g: g.index)
+    if gpu not in peers:
+        peers = sorted(peers + [gpu], key=lambda g: g.index)
+    return _slot_cpus(topo, gpu.numa, peers.index(gpu), len(peers), mode)
+
+
+def device_index_for(local_rank: int, local_world_size: int | None, visible: int,
+                     launcher: str = "single process") -> int:
+    """torch device index of the GPU a local rank drives among the `visible` ones.
+
+    wellfno.device.gpu_index_for's rule (one visible GPU: it; several: the local rank's), plus the
+    case it refuses: under srun --gpu-bind=closest each task sees the GPUs of its own NUMA node
+    (k of them, fewer than the ranks on the node), and the tasks that share those k GPUs are
+    consecutive local ranks when Slurm fills the node in blocks, so rank L takes GPU L mod k."""
+    from wellfno.device import gpu_index_for  # imports torch: only where a GPU is involved
+
+    if launcher == "srun" and 1 < visible < (local_world_size or 0):
+        return local_rank % visible
+    return gpu_index_for(local_rank, local_world_size, visible)
 
 
 def make_plan(topo: Topology, mode: str = "exclusive", nranks: int | None = None,
@@ -88,9 +129,7 @@ def make_plan(topo: Topology, mode: str = "exclusive", nranks: int | None = None
         for rank, gpu in enumerate(selected[:nranks]):
             # Peers are all selected GPUs on this NUMA node, not only the first nranks: a rank's
             # CPUs must not depend on how many ranks the other GPUs will get (torch counts all).
-            peers = [g for g in selected if g.numa == gpu.numa]
-            cpus = _slot_cpus(topo, gpu.numa, peers.index(gpu), len(peers), mode)
-            plan.append(Assignment(rank, gpu, gpu.numa, frozenset(cpus)))
+            plan.append(Assignment(rank, gpu, gpu.numa, frozenset(gpu_cpus(topo, mode, gpu, selected))))
         return plan
 
     nranks = 1 if nranks is None else nranks

@@ -1,70 +1,25 @@
 """Where does each rank and worker run? A Python hello_jobstep.
 
-    python affinity/report.py                       # this process
+    python affinity/report.py                       # this process (and the GPU its local rank drives)
     python affinity/report.py --bind --workers 3    # bind like a training rank, then 3 pinned workers
     srun -n 8 python affinity/report.py --bind      # one line per rank
 
-One line per process:
+One line per process (affinity/placement.py):
   host=... rank=R local_rank=L worker=W cpus=LIST (N) cpu_numa=NODES gpu=I pci=ADDR gpu_numa=G match=yes|NO|n/a
-`match` says whether every CPU of the process is on the GPU's NUMA node.
-From a training script: print(report_line(device=device)).
+`match` says whether every CPU of the process is on the GPU's NUMA node. When torch sees GPUs, a
+rank reports the one its local rank drives, bound or not. From a training script:
+print(report_line(device=device)).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 
-
-from affinity.discover import Topology, discover, format_cpulist
+from affinity.bind import bind_this_rank, worker_init_fn
+from affinity.placement import WorkerReport, format_report, report_line
 from wellfno.cli import UserError, run_main
 
-
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
-
-
-def format_report(*, host: str, rank, local_rank, worker, cpus, topo: Topology,
-                  gpu_index=None, gpu_pci: str | None = None) -> str:
-    """The report line from plain facts (testable against a fixture topology)."""
-    cpu_numa = topo.numa_nodes_of(cpus)
-    gpu = next((g for g in topo.gpus if g.pci == gpu_pci), None) if gpu_pci else None
-    if gpu_pci is None:
-        gpu_numa, match = "-", "n/a"
-    elif gpu is None:
-        gpu_numa, match = "?", "n/a"  # the PCI tree is hidden (container): cannot tell
-    else:
-        gpu_numa = str(gpu.numa)
-        match = "yes" if cpu_numa == [gpu.numa] else "NO"
-
-    def show(v):
-        return "-" if v is None else str(v)
-
-    return (f"host={host} rank={show(rank)} local_rank={show(local_rank)} worker={show(worker)} "
-            f"cpus={format_cpulist(cpus)} ({len(set(cpus))}) cpu_numa={','.join(map(str, cpu_numa))} "
-            f"gpu={show(gpu_index)} pci={show(gpu_pci)} gpu_numa={gpu_numa} match={match}")
-
-
-def report_line(device=None, worker_id=None, rank=None, local_rank=None, sysfs: str = "/sys") -> str:
-    """Report for the calling process. `device`: its torch device (a cuda device adds GPU id, PCI
-    bus id and the GPU's NUMA node); rank/local_rank default to RANK/SLURM_PROCID and
-    LOCAL_RANK/SLURM_LOCALID."""
-    cpus = os.sched_getaffinity(0)
-    topo = discover(sysfs, allowed_cpus=cpus)
-    gpu_index = gpu_pci = None
-    if device is not None and getattr(device, "type", str(device).split(":")[0]) == "cuda":
-        import torch
-        from affinity.bind import visible_gpu_pci
-        gpu_index = device.index if getattr(device, "index", None) is not None else torch.cuda.current_device()
-        gpu_pci = visible_gpu_pci(torch)[gpu_index]
-    return format_report(host=socket.gethostname(),
-                         rank=_env_int("RANK", "SLURM_PROCID") if rank is None else rank,
-                         local_rank=_env_int("LOCAL_RANK", "SLURM_LOCALID") if local_rank is None else local_rank,
-                         worker=worker_id, cpus=cpus, topo=topo, gpu_index=gpu_index, gpu_pci=gpu_pci)
+__all__ = ["format_report", "report_line", "main"]
 
 
 class _Tiny:
@@ -90,21 +45,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.workers < 0:
         raise UserError("--workers must be 0 or more")
-    device = None
+    import torch
+
+    device = None  # report_line: the GPU this local rank drives when torch sees GPUs
     cpus = sorted(os.sched_getaffinity(0))
-    if args.bind or args.workers:
-        import torch
-        if args.bind:
-            from affinity.bind import bind_this_rank
-            cpus, device = bind_this_rank(mode=args.mode, sysfs=args.sysfs)
-        elif torch.cuda.is_available():
-            device = torch.device("cuda", torch.cuda.current_device())
+    if args.bind:
+        cpus, device = bind_this_rank(mode=args.mode, sysfs=args.sysfs)
     print(report_line(device=device, sysfs=args.sysfs), flush=True)
     if args.workers:
-        import torch
-        from affinity.bind import worker_init_fn
+        pinner = worker_init_fn(cpus, sysfs=args.sysfs, then=WorkerReport(device, sysfs=args.sysfs))
         loader = torch.utils.data.DataLoader(_Tiny(args.workers), batch_size=1, num_workers=args.workers,
-                                             worker_init_fn=worker_init_fn(cpus, report=True, sysfs=args.sysfs))
+                                             worker_init_fn=pinner)
         for _ in loader:
             pass
     return 0

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from wellfno import data
 from wellfno.cli import UserError, atomic_write_json, run_main
+from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.machine import cpu_model
 from wellfno.model import NextFrameFNO, channel_stats
 
@@ -86,9 +87,6 @@ def idle_record_function_us(n=20000) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
-
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"))
@@ -101,13 +99,13 @@ def main(argv=None):
     p.add_argument("--active", type=int, default=5)
     p.add_argument("--after", type=int, default=10, help="steps after the window (profiler idle again)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     args = p.parse_args(argv)
     if min(args.wait, args.after) < 1 or args.active < 1 or args.warmup < 0 or args.repeats < 1:
         raise UserError("--wait, --after, --active and --repeats must be at least 1, --warmup at least 0")
     script = load_script(Path(args.script).resolve())
-    device = script.pick_device(args.device)
+    device = pick_device(args.device)
     dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     train = data.well_datasets(dataset_dir)["train"]
     stats = channel_stats(data.load_stats(dataset_dir), train.core_field_names)

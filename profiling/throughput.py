@@ -20,21 +20,14 @@ from one run, not numbers across runs.
 
 Writes OUT/throughput.json, OUT/throughput.csv and OUT/throughput.png.
 
-With --scripts it instead runs whole training scripts, round-robin, and compares the
-samples/s each reports in its metrics.json (exercise 02's results table):
-
-    python profiling/throughput.py --data-dir /tmp/demo_data --out runs/ex02 --scripts fno.py \
-        solutions/01_profiling/fno.py "solutions/02_data_pipeline/fno.py --num-workers 1"
+Whole training scripts are compared by profiling/compare_scripts.py (exercise 02's results table).
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import io
-import json
 import os
-import shlex
-import subprocess
 import sys
 import time
 import warnings
@@ -45,6 +38,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from wellfno import data
 from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
+from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.machine import cpu_model
 from wellfno.model import NextFrameFNO, channel_stats
@@ -89,12 +83,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed batches first (worker start-up, first reads)")
     p.add_argument("--repeats", type=int, default=2, help="round-robin rounds; each number is the best round")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the main process (0: torch's default)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scripts", nargs="+", metavar="'SCRIPT [OPTIONS]'",
-                   help="compare these training scripts instead of sweeping DataLoader settings")
-    p.add_argument("--script-args", default="--epochs 1 --max-steps 40",
-                   help="options given to every script (default: '--epochs 1 --max-steps 40')")
     args = p.parse_args(argv)
     for name in ("batch_size", "n_steps_input", "repeats"):
         if getattr(args, name) < 1:
@@ -104,12 +94,10 @@ def parse_args(argv=None):
     args.workers = int_list(args.workers, "--workers", 0)
     args.prefetch_factor = int_list(args.prefetch_factor, "--prefetch-factor", 1)
     args.readers = choice_list(args.readers, "--readers", READERS)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but torch sees no GPU: use --device cpu, or run on a GPU node")
-    args.device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-    args.device = "cpu" if args.device == "auto" else args.device
-    pin = choice_list(args.pin_memory or ("off,on" if args.device == "cuda" else "off"), "--pin-memory", ("off", "on"))
-    if "on" in pin and args.device == "cpu":
+    args.device = pick_device(args.device)
+    pin = choice_list(args.pin_memory or ("off,on" if args.device.type == "cuda" else "off"), "--pin-memory",
+                      ("off", "on"))
+    if "on" in pin and args.device.type == "cpu":
         # Pinned (page-locked) host memory only speeds up copies to an accelerator; on CPU
         # there is no copy, and torch would warn and not pin anyway.
         print("note: --pin-memory on needs a GPU; measuring pin_memory=off only on cpu", file=sys.stderr)
@@ -221,37 +209,6 @@ def measure_readers(datasets: dict, args, rounds: int) -> dict:
                 fast_over_well=best["fast"] / best["well"], well_over_raw=best["well"] / best["raw_h5py"])
 
 
-def compare_scripts(args, out: Path, info: dict) -> None:
-    """Each script's training samples/s (its metrics.json), best of --repeats round-robin rounds."""
-    commands = []
-    for entry in args.scripts:
-        words = shlex.split(entry)
-        if not words or not Path(words[0]).is_file():
-            raise UserError(f"--scripts: no script '{words[0] if words else entry}' (give a path, then its options)")
-        commands.append(words)
-    best = [0.0] * len(commands)
-    for round_ in range(args.repeats):
-        for i, words in enumerate(commands):
-            run_dir = out / "scripts" / f"{i}_round{round_}"
-            cmd = [sys.executable, words[0], "--data-dir", str(args.data_dir), "--dataset", args.dataset,
-                   "--out", str(run_dir), "--seed", str(args.seed), *shlex.split(args.script_args), *words[1:]]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode:
-                last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-                raise UserError(f"`{shlex.join(cmd)}` failed: {last}")
-            rate = json.loads((run_dir / "metrics.json").read_text())["samples_per_second"]
-            best[i] = max(best[i], rate)
-            print(f"round {round_ + 1}/{args.repeats}: {rate:8.1f} samples/s  {' '.join(words)}", flush=True)
-    rows = [dict(command=" ".join(words), samples_per_s=rate, vs_first=rate / best[0])
-            for words, rate in zip(commands, best)]
-    print(f"\n| script | samples/s | vs {rows[0]['command']} |\n|---|---:|---:|")
-    for row in rows:
-        print(f"| `{row['command']}` | {row['samples_per_s']:.1f} | {row['vs_first']:.2f}x |")
-    atomic_write_json(out / "scripts.json", dict(machine=info, script_args=args.script_args,
-                                                 repeats=args.repeats, rows=rows))
-    print(f"Wrote {out / 'scripts.json'}")
-
-
 def machine(device) -> dict:
     model = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -302,11 +259,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = args.device
     out = Path(args.out)
-    if args.scripts:
-        data.resolve_dataset(args.data_dir, args.dataset)
-        return compare_scripts(args, out, machine(device))
     args.dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     splits = {}
     if "well" in args.readers:
@@ -364,7 +318,7 @@ def main(argv=None):
 
     result = dict(machine=info, dataset=str(args.dataset_dir), samples=len(any_split),
                   command=" ".join(["python", "profiling/throughput.py", *(argv if argv is not None else sys.argv[1:])]),
-                  config={k: v for k, v in vars(args).items() if k != "dataset_dir"},
+                  config={k: str(v) if k == "device" else v for k, v in vars(args).items() if k != "dataset_dir"},
                   readers=readers, rows=rows)
     atomic_write_json(out / "throughput.json", result)
     text = io.StringIO()

@@ -31,15 +31,6 @@ def lane_names(trace: dict) -> dict:
     return {key: f"{process.get(key[0], key[0])} / {name}" for key, name in thread.items()}
 
 
-def outermost(events: list[dict]) -> list[dict]:
-    kept, end = [], float("-inf")
-    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
-        if e["ts"] >= end:
-            kept.append(e)
-            end = e["ts"] + e["dur"]
-    return kept
-
-
 def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | None = None) -> Path:
     """Write the timeline next to the trace (or to `png`); return its path. `trace`: already loaded."""
     import matplotlib.pyplot as plt
@@ -66,7 +57,7 @@ def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | No
     fig, ax = plt.subplots(figsize=(12, 1.6 + 0.5 * max(len(order), 3)))
     for row, key in enumerate(order):
         labelled = [e for e in lanes[key] if e.get("cat") == "user_annotation"]
-        shown = traces.labelled_ranges(trace, *key) if labelled else outermost(lanes[key])
+        shown = traces.labelled_ranges(trace, *key) if labelled else traces.outermost(lanes[key])
         for e in shown:
             part = traces.part_of(e["name"]) if e.get("cat") == "user_annotation" else None
             ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (row - 0.4, 0.8),

@@ -96,21 +96,25 @@ def step_number(event: dict) -> int:
     return int(STEP_RE.match(event["name"]).group(1))
 
 
+def outermost(events) -> list[dict]:
+    """The events not nested in another one of `events` (one lane): a child's time is its parent's."""
+    kept, end = [], float("-inf")
+    for event in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        if event["ts"] >= end:
+            kept.append(event)
+            end = event["ts"] + event["dur"]
+    return kept
+
+
 def labelled_ranges(trace: dict, pid, tid) -> list[dict]:
     """record_function ranges of one host thread (ProfilerStep#N excluded), outermost only.
 
     A range inside another labelled range belongs to its parent: counting both would count
     the time twice.
     """
-    ranges = sorted((e for e in complete_events(trace)
+    return outermost(e for e in complete_events(trace)
                      if e.get("cat") == "user_annotation" and e.get("pid") == pid and e.get("tid") == tid
-                     and not STEP_RE.match(str(e.get("name", "")))), key=lambda e: (e["ts"], -e["dur"]))
-    outermost, end = [], float("-inf")
-    for event in ranges:
-        if event["ts"] >= end:
-            outermost.append(event)
-            end = event["ts"] + event["dur"]
-    return outermost
+                     and not STEP_RE.match(str(e.get("name", ""))))
 
 
 def union_length(intervals) -> float:

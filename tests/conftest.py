@@ -9,7 +9,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-DATASET = "gray_scott_embedded"
 
 # Two CPU cores in CI: keep each process to one intra-op thread so parallel
 # subprocesses do not oversubscribe the cores.
@@ -28,7 +27,9 @@ def tiny_data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_dataset_dir(tiny_data_dir) -> Path:
-    return tiny_data_dir / "datasets" / DATASET
+    from wellfno.grayscott import EMBEDDED
+
+    return tiny_data_dir / "datasets" / EMBEDDED
 
 
 @pytest.fixture

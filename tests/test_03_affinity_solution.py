@@ -30,7 +30,7 @@ def cpus_in(line):
 
 def run_rank(script, data_dir, out, local_rank, *extra):
     # Two ranks on this node, as torchrun would describe them; no GPU: disjoint cores per rank.
-    env = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": "2", "RANK": str(local_rank)}
+    env = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": "2", "RANK": str(local_rank), "WORLD_SIZE": "2"}
     result = run_script(script, "--data-dir", data_dir, "--out", out, "--epochs", "1", "--max-steps", "1",
                         "--batch-size", "8", "--bind", "exclusive", *extra, env=env)
     assert result.returncode == 0, result.stderr[-2000:]

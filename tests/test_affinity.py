@@ -16,10 +16,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 from tests.fixtures import make_sysfs
-from affinity.bind import local_rank_from_env, local_world_size_from_env, worker_cpus
+from affinity.bind import worker_cpus
 from affinity.discover import discover, format_cpulist, parse_cpulist
-from affinity.plan import cpu_mask, make_plan, render
-from affinity.report import format_report
+from affinity.plan import core_share, cpu_mask, make_plan, render
+from affinity.placement import format_report
 from wellfno.cli import UserError
 
 FIXTURES = REPO / "tests" / "fixtures" / "sysfs"
@@ -223,20 +223,20 @@ def test_draw_writes_a_png(tmp_path):
 
 # --- bind / report ------------------------------------------------------------------------------
 
-def test_local_rank_and_world_size_from_launcher_env():
-    assert local_rank_from_env({"LOCAL_RANK": "3", "SLURM_LOCALID": "1"}) == 3
-    assert local_rank_from_env({"SLURM_LOCALID": "1"}) == 1
-    assert local_rank_from_env({}) == 0
-    assert local_world_size_from_env({"SLURM_STEP_TASKS_PER_NODE": "4(x2)"}) == 4
-    assert local_world_size_from_env({"LOCAL_WORLD_SIZE": "8"}) == 8
-
-
 def test_worker_cpus_spread_over_cores_instead_of_collapsing():
     core_of = {c: c % 4 for c in range(8)}  # laptop: CPU c and c+4 are one core
     per_worker = [worker_cpus(range(8), w, 4, core_of) for w in range(4)]
     assert per_worker == [{0, 4}, {1, 5}, {2, 6}, {3, 7}]
     assert [worker_cpus(range(8), w, 2, core_of) for w in range(2)] == [{0, 1, 4, 5}, {2, 3, 6, 7}]
     assert [worker_cpus({0, 1}, w, 3) for w in range(3)] == [{0}, {1}, {0}]
+
+
+def test_one_core_splitting_rule_for_ranks_and_workers():
+    # 5 cores in 2 shares: the lower share gets the extra core, siblings stay together.
+    core_of = {c: c % 5 for c in range(10)}
+    assert [core_share(range(10), core_of, k, 2) for k in range(2)] == [{0, 1, 2, 5, 6, 7}, {3, 4, 8, 9}]
+    with pytest.raises(ValueError):
+        core_share({0, 1}, None, 0, 3)
 
 
 def test_report_says_whether_cpus_and_gpu_share_a_numa_node():
@@ -251,24 +251,25 @@ def test_report_says_whether_cpus_and_gpu_share_a_numa_node():
 
 def test_bind_pin_workers_and_report_on_this_machine():
     """In one child process (so the test runner keeps its affinity): DataLoader workers pinned
-    with pin_worker(allowed) land on different CPUs; then LOCAL_RANK=1 of 2 CPU-only ranks is
-    bound to the second half of the allowed CPUs and reports it."""
+    with worker_init_fn(allowed) land on different CPUs; then local rank 1 of 2 CPU-only ranks
+    (torchrun's variables) is bound to the second half of the allowed CPUs and reports it."""
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip("needs 2 allowed CPUs")
     code = (
         "import os, torch\n"
-        "from affinity import bind_this_rank, pin_worker, report_line\n"
+        "from affinity import bind_this_rank, worker_init_fn, report_line\n"
         "from affinity.report import _Tiny\n"
         "allowed = sorted(os.sched_getaffinity(0))\n"
-        "dl = torch.utils.data.DataLoader(_Tiny(2), num_workers=2, worker_init_fn=pin_worker(allowed, report=True))\n"
+        "dl = torch.utils.data.DataLoader(_Tiny(2), num_workers=2, worker_init_fn=worker_init_fn(allowed, report=True))\n"
         "list(dl)\n"
         "cpus, device = bind_this_rank(mode='exclusive')\n"
         "print('CPUS', ','.join(map(str, cpus)), device.type, sorted(os.sched_getaffinity(0)) == cpus,"
         " torch.get_num_threads())\n"
         "print(report_line(device=device))\n"
     )
-    env = {**os.environ, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "CUDA_VISIBLE_DEVICES": ""}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -282,7 +283,18 @@ def test_bind_pin_workers_and_report_on_this_machine():
     assert set(map(int, cpus.split(","))) == set(expected) and device == "cpu" and pinned == "True"
     assert set(expected) < set(allowed)  # really a subset, not everything
     assert int(threads) == len({discover("/sys", set(allowed)).core_of[c] for c in expected})
-    assert f"local_rank=1 worker=- cpus={format_cpulist(expected)}" in r.stdout
+    assert f"rank=1 local_rank=1 worker=- cpus={format_cpulist(expected)}" in r.stdout
+    assert all("rank=1 local_rank=1 worker=" in line for line in workers)  # workers know their rank
+
+
+def test_launcher_env_errors_are_one_line():
+    # RANK without WORLD_SIZE: wellfno.launch's one-line error, from the report and through bind.
+    env = {**os.environ, "RANK": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("WORLD_SIZE", None)
+    r = subprocess.run([sys.executable, "affinity/report.py", "--bind"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("error: RANK is set but WORLD_SIZE is not")
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_report_cli_prints_this_process():

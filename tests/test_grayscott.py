@@ -99,3 +99,31 @@ def test_neuraloperator_the_well_dataset_loads_it(tiny_data_dir):
     ds = TheWellDataset(Path(tiny_data_dir), "gray_scott_embedded", download=False)
     sample = ds.train_db[0]
     assert sample["input_fields"].shape == (1, 16, 16, 2)
+
+
+def test_split_files_lists_the_files_in_welldatasets_order(tiny_data_copy):
+    """One listing for every reader: the_well's own WellDataset is the reference."""
+    from the_well.data import WellDataset
+
+    from wellfno.wellformat import split_files
+
+    dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
+    train = dataset_dir / "data" / "train"
+    first = sorted(train.glob("*.hdf5"))[0]
+    # Both suffixes, a name that sorts between the others, and a temp file no reader may see.
+    first.rename(train / "gray_scott_embedded_m.h5")
+    (train / ".gray_scott_embedded_z.hdf5.abc.tmp").write_bytes(b"half a file")
+    well = WellDataset(path=str(dataset_dir), well_split_name="train", use_normalization=False)
+    assert [str(p) for p in split_files(dataset_dir, "train")] == list(well.files_paths)
+    assert len(split_files(dataset_dir, "train")) == 2 and split_files(dataset_dir, "nonexistent") == []
+
+
+def test_an_interrupted_write_leaves_no_file(tmp_path):
+    from wellfno.wellformat import write_well_file
+
+    path = tmp_path / "data" / "train" / "x.hdf5"
+    bad = {"A": np.zeros((1, 3, 4, 4), dtype=np.float32), "B": object()}  # h5py cannot store the second field
+    with pytest.raises(TypeError):
+        write_well_file(path, dataset_name="x", time=np.arange(3), coords={"x": np.arange(4), "y": np.arange(4)},
+                        t0_fields=bad)
+    assert list(path.parent.iterdir()) == [], "neither the file nor a temporary file may be left"

@@ -97,8 +97,9 @@ def background_runs(tiny_data_dir, tmp_path_factory):
         chains[1]["throughput"] = [throughput, "--data-dir", tiny_data_dir, "--out", runs / "throughput",
                                    "--workers", "0", "--readers", "fast", "--seconds", "0.2", "--repeats", "1",
                                    "--warmup", "1"]
-        if "--scripts" in throughput.read_text():
-            chains[1]["scripts"] = [throughput, "--data-dir", tiny_data_dir, "--out", runs / "ex02", "--scripts",
+        compare_scripts = REPO / "profiling" / "compare_scripts.py"
+        if compare_scripts.is_file():
+            chains[1]["scripts"] = [compare_scripts, "--data-dir", tiny_data_dir, "--out", runs / "ex02", "--scripts",
                                     "fno.py", "--script-args", "--epochs 1 --max-steps 1", "--repeats", "1"]
     procs = []
     for chain in filter(None, chains):

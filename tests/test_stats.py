@@ -137,34 +137,6 @@ def test_yaml_round_trips_every_bit(dataset, tmp_path):
     assert not list(tmp_path.glob(".*.tmp")), "atomic write left a temporary file"
 
 
-def test_random_splits_rebuild_the_serial_tree_bitwise():
-    """Any contiguous split into ranks, packed and merged, equals the serial reduction bit for bit."""
-    rng = np.random.default_rng(1)
-    n_items, n_channels = 37, 3
-    leaves = [np.stack([rng.integers(0, 50, n_channels).astype(float),  # counts 0 are allowed
-                        rng.normal(1e4, 1, n_channels), rng.uniform(0, 5, n_channels)]) for _ in range(n_items)]
-    serial = S.PairwiseReducer()
-    for i, m in enumerate(leaves):
-        serial.push(i, m)
-    expected = S.combine_blocks(serial.as_dict(), n_items, n_channels)
-    assert len(serial.blocks) == bin(n_items).count("1")
-    for trial in range(20):
-        cuts = sorted(rng.choice(np.arange(0, n_items + 1), size=rng.integers(1, 6)).tolist())
-        bounds = [0, *cuts, n_items]
-        packed = []
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            part = S.PairwiseReducer()
-            for i in range(a, b):
-                part.push(i, leaves[i])
-            packed.append(S.pack_blocks(part.as_dict(), n_channels))
-        blocks = S.unpack_blocks(np.stack(packed), n_channels)
-        assert np.array_equal(S.combine_blocks(blocks, n_items, n_channels), expected)
-    # and the tree agrees with a plain float64 computation
-    values_n = sum(m[0] for m in leaves)
-    mean = sum(m[0] * m[1] for m in leaves) / values_n
-    np.testing.assert_allclose(expected[1], mean, rtol=1e-13)
-
-
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 40])
 def test_rank_ranges_cover_every_item_once(dataset, world):
     plan = S.plan_dataset(dataset, chunk_bytes=int(TINY_CHUNK_MB * 2**20))

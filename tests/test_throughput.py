@@ -1,16 +1,12 @@
-"""profiling/throughput.py: runs on tiny data, writes json/csv/png, refuses bad sweeps in one line."""
+"""profiling/throughput.py and compare_scripts.py: run on tiny data, write their files, refuse bad input in one line."""
 import csv
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import REPO, run_script
+from profiling import throughput
+from tests.conftest import run_script
 from wellfno.cli import UserError
-
-spec = importlib.util.spec_from_file_location("throughput", REPO / "profiling" / "throughput.py")
-throughput = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(throughput)
 
 REQUIRED = {"reader", "num_workers", "pin_memory", "prefetch_factor", "data_only", "compute_only", "full"}
 
@@ -71,21 +67,28 @@ def test_missing_data_is_one_line_error(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: ")
 
 
-def test_scripts_mode_compares_training_scripts(tiny_data_dir, tmp_path):
+def test_compare_scripts_runs_whole_training_scripts(tiny_data_dir, tmp_path):
     out = tmp_path / "cmp"
-    result = run_script("profiling/throughput.py", "--data-dir", tiny_data_dir, "--out", out, "--repeats", "1",
+    result = run_script("profiling/compare_scripts.py", "--data-dir", tiny_data_dir, "--out", out, "--repeats", "1",
                         "--script-args", "--epochs 1 --max-steps 2 --batch-size 4",
                         "--scripts", "fno.py", "solutions/02_data_pipeline/fno.py --num-workers 1 --fast-reader")
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "scripts.json").read_text())
     assert [r["command"] for r in report["rows"]] == ["fno.py",
                                                       "solutions/02_data_pipeline/fno.py --num-workers 1 --fast-reader"]
-    assert all(r["samples_per_s"] > 0 for r in report["rows"]) and report["rows"][0]["vs_first"] == 1.0
-    run_config = json.loads((out / "scripts/1_round0/metrics.json").read_text())["config"]
-    assert run_config["num_workers"] == 1 and run_config["fast_reader"] and run_config["max_steps"] == 2
+    runs = [json.loads((out / f"scripts/{i}_round0/metrics.json").read_text()) for i in (0, 1)]
+    # The table is the scripts' own numbers, each relative to the first.
+    assert [r["samples_per_s"] for r in report["rows"]] == [m["samples_per_second"] for m in runs]
+    assert report["rows"][1]["vs_first"] == pytest.approx(runs[1]["samples_per_second"] / runs[0]["samples_per_second"])
+    assert runs[1]["config"]["num_workers"] == 1 and runs[1]["config"]["fast_reader"]
+    assert runs[1]["config"]["max_steps"] == 2
     assert "| `fno.py` |" in result.stdout  # the markdown table for the README
 
 
-def test_scripts_mode_missing_script(tiny_data_dir, tmp_path):
-    with pytest.raises(UserError, match="no script 'nope.py'"):
-        throughput.main(["--data-dir", str(tiny_data_dir), "--out", str(tmp_path), "--scripts", "nope.py --x"])
+def test_compare_scripts_missing_script_is_one_line(tiny_data_dir, tmp_path):
+    result = run_script("profiling/compare_scripts.py", "--data-dir", tiny_data_dir, "--out", tmp_path,
+                        "--scripts", "nope.py --x")
+    assert result.returncode == 2 and result.stderr.strip() == \
+        "error: --scripts: no script 'nope.py' (give a path, then its options)"
+    assert not (tmp_path / "scripts.json").exists()
+

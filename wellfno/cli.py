@@ -11,8 +11,9 @@ import json
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 class UserError(Exception):
@@ -32,14 +33,20 @@ def run_main(main: Callable[[], Any]) -> None:
     sys.exit(rc or 0)
 
 
-def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
+@contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside `path` to write to; renamed onto `path` when the block succeeds.
+
+    For writers that want a file name rather than a file object (h5py). On an error, or a
+    kill before the rename, `path` keeps its old content (or stays absent).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:  # on disk before the rename makes it visible
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
@@ -51,7 +58,13 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: s
         except FileNotFoundError:
             pass
         raise
-    return path
+
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
+    with atomic_output(path) as tmp:
+        with open(tmp, mode) as f:
+            write(f)
+    return Path(path)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

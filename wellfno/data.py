@@ -15,8 +15,9 @@ import h5py
 import yaml
 
 from wellfno.cli import UserError
+from wellfno.grayscott import EMBEDDED, generate
+from wellfno.wellformat import split_files
 
-EMBEDDED = "gray_scott_embedded"
 REQUIRED_STATS = ("mean", "std", "mean_delta", "std_delta")
 
 
@@ -24,10 +25,6 @@ def well_dataset_names() -> list[str]:
     from the_well.data.utils import WELL_DATASETS
 
     return list(WELL_DATASETS)
-
-
-def _hdf5_files(folder: Path) -> list[Path]:
-    return sorted([*folder.glob("*.hdf5"), *folder.glob("*.h5")])
 
 
 def locate(data_dir: str | Path, dataset: str) -> Path:
@@ -48,9 +45,9 @@ def locate(data_dir: str | Path, dataset: str) -> Path:
 def check_dataset(dataset_dir: Path, splits=("train", "valid")) -> dict:
     """Complete and readable? Return the statistics; raise UserError otherwise."""
     for split in splits:
-        folder = dataset_dir / "data" / split
-        files = _hdf5_files(folder)
+        files = split_files(dataset_dir, split)
         if not files:
+            folder = dataset_dir / "data" / split
             raise UserError(f"no HDF5 files in {folder}: the dataset is incomplete "
                             f"(an interrupted or offline download leaves empty folders); download it again")
         for path in files:
@@ -89,11 +86,9 @@ def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_miss
     data_root = dataset_dir.parent.parent
     present = (dataset_dir / "data").is_dir()
     if not present and dataset == EMBEDDED:
-        from wellfno.grayscott import generate
-
         print(f"{dataset} not found in {data_root}: generating it (demo size, under a minute)", flush=True)
         generate(data_root, "demo")
-    elif not present or (download_missing and not _hdf5_files(dataset_dir / "data" / "train")):
+    elif not present or (download_missing and not split_files(dataset_dir, "train")):
         known = well_dataset_names()
         if dataset not in known:
             raise UserError(f"unknown dataset '{dataset}': use {EMBEDDED} or one of The Well's: {', '.join(known)}")
@@ -102,7 +97,7 @@ def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_miss
                             f"The Well (large), or point --data-dir at the folder that holds datasets/")
         download(data_root, dataset)
         for split in ("train", "valid", "test"):
-            if not _hdf5_files(dataset_dir / "data" / split):
+            if not split_files(dataset_dir, split):
                 raise UserError(f"the download of {dataset} left {dataset_dir / 'data' / split} empty "
                                 f"(no network on this machine?): download on a login node with internet, "
                                 f"then pass --data-dir")
@@ -113,7 +108,7 @@ def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_miss
 def trajectory_length(dataset_dir: Path, split: str) -> int:
     """The shortest trajectory (in saved frames) of a split."""
     lengths = []
-    for path in _hdf5_files(dataset_dir / "data" / split):
+    for path in split_files(dataset_dir, split):
         with h5py.File(path, "r") as f:
             lengths.append(f["dimensions"]["time"].shape[-1])
     return min(lengths)

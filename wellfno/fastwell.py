@@ -32,6 +32,7 @@ import yaml
 from torch.utils.data import Dataset
 
 from wellfno.cli import UserError
+from wellfno.wellformat import split_files
 
 FIELD_GROUPS = ("t0_fields", "t1_fields", "t2_fields")
 
@@ -56,11 +57,9 @@ class FastWellDataset(Dataset):
         self.dataset_dir = Path(dataset_dir)
         self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output
         self.window = n_steps_input + n_steps_output
-        folder = self.dataset_dir / "data" / split
-        # WellDataset's order: the sorted full paths of *.h5 and *.hdf5.
-        self.files_paths = sorted(str(p) for p in [*folder.glob("*.h5"), *folder.glob("*.hdf5")])
+        self.files_paths = [str(path) for path in split_files(self.dataset_dir, split)]  # WellDataset's order
         if not self.files_paths:
-            raise UserError(f"no HDF5 files in {folder}")
+            raise UserError(f"no HDF5 files in {self.dataset_dir / 'data' / split}")
 
         windows, offsets, self.constant_scalars = [], [0], []
         for index, path in enumerate(self.files_paths):

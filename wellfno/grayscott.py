@@ -26,7 +26,7 @@ import numpy as np
 from wellfno.cli import UserError, run_main
 from wellfno.wellformat import SPLITS, write_well_file
 
-DATASET_NAME = "gray_scott_embedded"
+EMBEDDED = "gray_scott_embedded"  # the dataset this module writes; --dataset default of every script
 D_A, D_B = 2e-5, 1e-5
 DX = 2.0 / 128  # The Well's grid spacing
 
@@ -133,7 +133,7 @@ def simulate_patterns(rng: np.random.Generator, spec: Size, F: float, k: float, 
     raise RuntimeError(f"patterns died out in regime F={F}, k={k}; try another --seed")
 
 
-def generate(data_dir: str | Path, size: str | Size = "demo", seed: int = 0, *, name: str = DATASET_NAME,
+def generate(data_dir: str | Path, size: str | Size = "demo", seed: int = 0, *, name: str = EMBEDDED,
              quiet: bool = False) -> Path:
     """Write DATA_DIR/datasets/<name>/{data/<split>/*.hdf5, stats.yaml}; return the dataset folder."""
     from wellfno.stats import compute_dataset_stats, write_stats_yaml
@@ -178,8 +178,8 @@ def main(argv=None):
         spec = replace(spec, n_steps=args.n_steps)
     if args.n_train:
         spec = replace(spec, n_traj={**spec.n_traj, "train": args.n_train})
-    print(f"Generating {DATASET_NAME} ({args.size}: {spec.resolution}x{spec.resolution}, "
-          f"{spec.n_steps} frames) in {Path(args.data_dir) / 'datasets' / DATASET_NAME}")
+    print(f"Generating {EMBEDDED} ({args.size}: {spec.resolution}x{spec.resolution}, "
+          f"{spec.n_steps} frames) in {Path(args.data_dir) / 'datasets' / EMBEDDED}")
     out = generate(args.data_dir, spec, args.seed)
     print(f"Wrote {out}")
 

@@ -27,21 +27,25 @@ def channel_stats(stats: dict, field_names: list[str]) -> dict[str, torch.Tensor
 
 
 class NextFrameFNO(nn.Module):
-    """z-scored frames (B, T*F, H, W) -> z-scored next frame (B, F, H, W)."""
+    """z-scored frames (B, T*C, H, W) -> z-scored next frame (B, C, H, W).
 
-    def __init__(self, n_fields: int, n_steps_input: int, stats: dict[str, torch.Tensor], *,
+    `channels_per_frame` (C) counts tensor components, not fields: a scalar field is one
+    channel, a 2-D velocity two (`wellfno.data.channel_names` lists them).
+    """
+
+    def __init__(self, channels_per_frame: int, n_steps_input: int, stats: dict[str, torch.Tensor], *,
                  modes: int = 12, hidden: int = 32, layers: int = 4):
         super().__init__()
-        self.n_fields = n_fields
-        self.fno = FNO(n_modes=(modes, modes), in_channels=n_fields * n_steps_input, out_channels=n_fields,
-                       hidden_channels=hidden, n_layers=layers)
+        self.channels_per_frame = channels_per_frame
+        self.fno = FNO(n_modes=(modes, modes), in_channels=channels_per_frame * n_steps_input,
+                       out_channels=channels_per_frame, hidden_channels=hidden, n_layers=layers)
         # One step of change in z-scored units: (delta - mean_delta) / std_delta, times std_delta / std.
         std = stats["std"].clamp_min(1e-4)
         self.register_buffer("delta_scale", (stats["std_delta"].clamp_min(1e-4) / std).view(1, -1, 1, 1))
         self.register_buffer("delta_shift", (stats["mean_delta"] / std).view(1, -1, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        last = x[:, -self.n_fields:]
+        last = x[:, -self.channels_per_frame:]
         return last + self.fno(x) * self.delta_scale + self.delta_shift
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 Given the first `n_steps_input` frames, the model predicts frame t, which joins
 the input window to predict frame t+1, and so on. Prediction k is compared with
-true frame k (the k-th frame after the input window) — the anchor script wrote
-prediction i into slot i+1, which shifts every error by one step.
+true frame k, the k-th frame after the input window (tests/test_rollout.py checks
+that no off-by-one shifts the two apart).
 """
 from __future__ import annotations
 

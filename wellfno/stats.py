@@ -13,22 +13,21 @@ How it is computed, and why:
   ranks. An item reads its frames plus the frame before (one frame of overlap),
   so the delta (t-1 -> t) is counted by the item that holds t: exactly once,
   also across chunk and rank boundaries. Memory stays bounded by one chunk.
-- Each item reduces to (count, mean, M2) per channel in float64, never through
-  E[x^2] - E[x]^2 of raw values, which loses every digit of a field like
-  1e4 +- 1e-2: values are shifted by a number near their mean first, and a block
-  whose sums would still cancel is redone exactly in two passes (`shifted_moments`).
-- Items are merged with Chan et al.'s pairwise formula along a fixed binary tree
-  over item indices (aligned power-of-two blocks). A rank that owns a contiguous
-  range of items reduces it to at most 2*64 aligned blocks - a fixed-size
-  tensor - and any process holding every rank's blocks rebuilds the same tree.
-  The result is therefore bitwise identical for any number of ranks and any
-  split, and equal to the serial result.
+- Each item reduces to float64 (count, mean, M2) per channel, never through
+  E[x^2] - E[x]^2 of raw values: values are shifted by a number near their mean first
+  (`ItemReader._accumulate`, `wellfno.moments.shifted_moments`).
+- Items are merged along the fixed binary tree of `wellfno.moments` (Chan et al.'s pairwise
+  formula), so the result is bitwise identical for any number of ranks and any split of the
+  items into contiguous ranges, and equal to the serial result.
+
+The moment arithmetic lives in `wellfno.moments` (no I/O); this module plans, reads and writes.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import h5py
 import numpy as np
@@ -36,13 +35,14 @@ import yaml
 from threadpoolctl import threadpool_limits
 
 from wellfno.cli import UserError, atomic_write_text
+from wellfno.moments import (PairwiseReducer, combine_blocks, empty_moments, merge_scalar,
+                             shifted_moments)
+from wellfno.wellformat import split_files
 
 # Bytes of one field read at a time (per work item); bounds memory at a few times this.
 CHUNK_BYTES = 8 * 2**20
 # the_well's normalizers clip standard deviations at this value (their `min_denom`).
 MIN_STD = 1e-4
-# An aligned-block decomposition of any contiguous range of < 2**64 items has at most this many blocks.
-MAX_BLOCKS = 128
 # float64 elements converted at a time (1 MiB): the working set of a block stays in cache.
 BLOCK_ELEMENTS = 2**17
 STAT_KEYS = ("mean", "std", "rms")
@@ -83,141 +83,13 @@ class Plan:
     n_spatial_dims: int
 
 
-# --------------------------------------------------------------------------- moments
-def empty_moments(n_channels: int) -> np.ndarray:
-    """(count, mean, M2) per channel, as rows of a (3, n_channels) float64 array."""
-    return np.zeros((3, n_channels), dtype=np.float64)
-
-
-def vector_moments(values: np.ndarray, scratch: np.ndarray | None = None) -> tuple[float, float, float]:
-    """(count, mean, M2) of a contiguous 1-D float64 array: mean first, then squared deviations."""
-    n = values.size
-    if n == 0:
-        return 0.0, 0.0, 0.0
-    mean = values.sum() / n  # numpy sums contiguous float64 pairwise: error ~ eps * log n
-    dev = np.subtract(values, mean, out=None if scratch is None else scratch[:n])
-    return float(n), float(mean), float(np.dot(dev, dev))
-
-
-def shifted_moments(values: np.ndarray, scratch: np.ndarray) -> tuple[float, float, float]:
-    """(count, mean, M2) of values that were shifted close to their mean; one pass when that is exact enough.
-
-    M2 = sum(y^2) - sum(y)^2 / n loses log10(sum(y^2) / M2) digits to cancellation. The caller
-    shifted y near its mean, so that ratio is ~1 and one pass (sum, dot) is as good as two.
-    When the shift was poor (a drifting field) the ratio exceeds 4 and we take the exact
-    two-pass route instead: speed in the common case, never a lost digit.
-    """
-    n = values.size
-    if n == 0:
-        return 0.0, 0.0, 0.0
-    s1 = float(values.sum())
-    s2 = float(np.dot(values, values))
-    mean = s1 / n
-    m2 = s2 - s1 * mean
-    if s2 <= 4.0 * m2:
-        return float(n), mean, m2
-    return vector_moments(values, scratch)
-
-
-def merge_scalar(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
-    """Chan et al.'s merge of two (count, mean, M2) triples (same formula as `merge`)."""
-    na, ma, m2a = a
-    nb, mb, m2b = b
-    if nb == 0:
-        return a
-    if na == 0:
-        return b
-    n = na + nb
-    delta = mb - ma
-    return n, ma + delta * (nb / n), m2a + m2b + delta * delta * (na * nb / n)
-
-
-def merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Chan et al.'s parallel merge of two (3, C) moment arrays; a channel with count 0 is neutral."""
-    na, ma, m2a = a
-    nb, mb, m2b = b
-    n = na + nb
-    safe_n = np.where(n > 0, n, 1.0)
-    delta = mb - ma
-    out = np.empty_like(a)
-    out[0] = n
-    out[1] = np.where(nb == 0, ma, np.where(na == 0, mb, ma + delta * (nb / safe_n)))
-    out[2] = np.where(nb == 0, m2a, np.where(na == 0, m2b, m2a + m2b + delta * delta * (na * nb / safe_n)))
-    return out
-
-
-# --------------------------------------------------------------------------- the fixed merge tree
-class PairwiseReducer:
-    """Streams item moments in index order; keeps only aligned power-of-two blocks (O(log n) memory).
-
-    A block (level, index) covers items [index * 2**level, (index + 1) * 2**level).
-    Two sibling blocks are merged as soon as both are complete, left one first.
-    """
-
-    def __init__(self) -> None:
-        self.blocks: list[tuple[int, int, np.ndarray]] = []
-
-    def push(self, item_index: int, moments: np.ndarray) -> None:
-        level, index, m = 0, item_index, moments
-        while index % 2 == 1 and self.blocks and self.blocks[-1][:2] == (level, index - 1):
-            _, _, left = self.blocks.pop()
-            level, index, m = level + 1, index // 2, merge(left, m)
-        self.blocks.append((level, index, m))
-
-    def as_dict(self) -> dict[tuple[int, int], np.ndarray]:
-        return {(level, index): m for level, index, m in self.blocks}
-
-
-def top_blocks(n_items: int) -> list[tuple[int, int]]:
-    """The aligned blocks that tile [0, n_items), largest first (the binary digits of n_items)."""
-    out, start = [], 0
-    for level in range(63, -1, -1):
-        if n_items >> level & 1:
-            out.append((level, start >> level))
-            start += 1 << level
-    return out
-
-
-def combine_blocks(blocks: dict[tuple[int, int], np.ndarray], n_items: int, n_channels: int) -> np.ndarray:
-    """Rebuild the canonical tree over [0, n_items) from disjoint aligned blocks that cover it."""
-
-    def node(level: int, index: int) -> np.ndarray:
-        if (level, index) in blocks:
-            return blocks[(level, index)]
-        if level == 0:
-            raise ValueError(f"item {index} is covered by no block: some rank's share is missing")
-        return merge(node(level - 1, 2 * index), node(level - 1, 2 * index + 1))
-
-    total = empty_moments(n_channels)
-    for level, index in top_blocks(n_items):
-        total = merge(total, node(level, index))
-    return total
-
-
-def pack_blocks(blocks: dict[tuple[int, int], np.ndarray], n_channels: int) -> np.ndarray:
-    """Blocks -> fixed-size float64 array (MAX_BLOCKS, 3 + 3C): valid, level, index, moments."""
-    if len(blocks) > MAX_BLOCKS:
-        raise ValueError(f"{len(blocks)} blocks > {MAX_BLOCKS}")
-    packed = np.zeros((MAX_BLOCKS, 3 + 3 * n_channels), dtype=np.float64)
-    for row, ((level, index), m) in enumerate(sorted(blocks.items(), key=lambda kv: kv[0][1] << kv[0][0])):
-        packed[row, :3] = (1.0, level, index)  # integers < 2**53 are exact in float64
-        packed[row, 3:] = m.reshape(-1)
-    return packed
-
-
-def unpack_blocks(packed: np.ndarray, n_channels: int) -> dict[tuple[int, int], np.ndarray]:
-    """Inverse of pack_blocks for one or many ranks' arrays stacked along the first axis."""
-    rows = packed.reshape(-1, 3 + 3 * n_channels)
-    return {(int(r[1]), int(r[2])): r[3:].reshape(3, n_channels).copy() for r in rows if r[0] == 1.0}
-
-
 # --------------------------------------------------------------------------- planning
 def find_split_files(dataset_dir: str | Path, split: str = "train") -> list[Path]:
     dataset_dir = Path(dataset_dir)
     if not dataset_dir.is_dir():
         raise UserError(f"dataset folder {dataset_dir} does not exist; pass the folder that holds data/{split}/")
     split_dir = dataset_dir / "data" / split
-    files = sorted(list(split_dir.glob("*.hdf5")) + list(split_dir.glob("*.h5"))) if split_dir.is_dir() else []
+    files = split_files(dataset_dir, split)
     if not files:
         hint = ""
         if list(dataset_dir.glob("*.hdf5")) or list(dataset_dir.glob("*.h5")):
@@ -239,8 +111,8 @@ def _open(path: Path) -> h5py.File:
                         f"delete it and generate or download it again") from None
 
 
-def _file_layout(path: Path) -> tuple[tuple[FieldSpec, ...], dict]:
-    """Field specs and shapes of one file, with the checks the_well's reader relies on."""
+def _file_layout(path: Path) -> tuple[tuple[FieldSpec, ...], dict[str, tuple[tuple[int, ...], int]], int]:
+    """(field specs, {field: (shape, itemsize)}, n_spatial_dims) of one file, with the checks the_well's reader relies on."""
     with _open(path) as f:
         try:
             n_dims = int(f.attrs["n_spatial_dims"])
@@ -330,6 +202,16 @@ def rank_ranges(plan: Plan, world_size: int) -> list[tuple[int, int]]:
     return [(int(bounds[r]), int(bounds[r + 1])) for r in range(world_size)]
 
 
+def plan_fingerprint(plan: Plan) -> list[int]:
+    """Three integers that differ when two processes see different files, items or fields.
+
+    Every rank plans on its own; node-local copies of a dataset can differ. Ranks compare
+    these (`wellfno.watchdog.check_same_on_every_rank`) before merging.
+    """
+    text = repr([p.name for p in plan.files]) + repr(plan.items) + repr(plan.fields)
+    return [len(plan.items), plan.n_channels, zlib.crc32(text.encode())]
+
+
 # --------------------------------------------------------------------------- reading
 class ItemReader:
     """Computes one work item's moments; keeps one HDF5 file open at a time (items come in file order)."""
@@ -337,6 +219,7 @@ class ItemReader:
     def __init__(self, plan: Plan):
         self.plan = plan
         self._file_index, self._file = None, None
+        self._current = 0  # file index of the item being read (for error messages)
         self._scratch = None
 
     def close(self) -> None:
@@ -431,15 +314,19 @@ class ItemReader:
                 out[:, ds.start + c] = delta_m
 
 
-def reduce_range(plan: Plan, start: int, stop: int, should_stop=None) -> PairwiseReducer:
-    """Moments of items [start, stop), reduced to aligned blocks. `should_stop()` is polled per item."""
+def reduce_range(plan: Plan, start: int, stop: int, before_item: Callable[[], object] | None = None) -> PairwiseReducer:
+    """Moments of items [start, stop), reduced to aligned blocks of the fixed merge tree.
+
+    `before_item()` is called before each item: a distributed caller passes its watchdog's
+    `step`, which counts progress and raises when another rank failed.
+    """
     reducer = PairwiseReducer()
     # One BLAS thread: a multithreaded BLAS spin-waits on a busy node and runs 50x slower,
     # and under torchrun/srun every core already has its rank.
     with threadpool_limits(1, user_api="blas"), ItemReader(plan) as reader:
         for i in range(start, stop):
-            if should_stop is not None and should_stop():
-                break
+            if before_item is not None:
+                before_item()
             reducer.push(i, reader.moments(plan.items[i]))
     return reducer
 
@@ -539,6 +426,6 @@ def max_relative_difference(a: dict, b: dict) -> float:
 
 __all__ = [
     "compute_dataset_stats", "write_stats_yaml", "format_stats_yaml", "plan_dataset", "rank_ranges",
-    "reduce_range", "combine_blocks", "pack_blocks", "unpack_blocks", "stats_from_moments", "merge",
-    "PairwiseReducer", "ItemReader", "max_relative_difference", "loss_weights", "find_split_files",
+    "plan_fingerprint", "reduce_range", "stats_from_moments", "ItemReader", "max_relative_difference",
+    "loss_weights", "find_split_files", "CHUNK_BYTES",
 ]

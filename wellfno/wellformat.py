@@ -16,7 +16,20 @@ from typing import Mapping
 import h5py
 import numpy as np
 
+from wellfno.cli import atomic_output
+
 SPLITS = ("train", "valid", "test")
+
+
+def split_files(dataset_dir: str | os.PathLike, split: str) -> list[Path]:
+    """The HDF5 files of DATASET/data/<split>/ in WellDataset's order ([] if there are none).
+
+    the_well's WellDataset globs `*.h5` and `*.hdf5` and sorts the full paths as strings;
+    sample i of every reader in this package means the same sample because they all list
+    the files here.
+    """
+    folder = Path(dataset_dir) / "data" / split
+    return sorted([*folder.glob("*.h5"), *folder.glob("*.hdf5")], key=str)
 
 
 def _field_group(f: h5py.File, order: int, fields: Mapping[str, np.ndarray], time_varying: Mapping[str, bool]):
@@ -49,11 +62,9 @@ def write_well_file(
     time-varying, (n_trajectories, *spatial[, d[, d]]) otherwise.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     all_fields = {**t0_fields, **t1_fields, **t2_fields}
     n_traj = next(iter(all_fields.values())).shape[0]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with h5py.File(tmp, "w") as f:
+    with atomic_output(path) as tmp, h5py.File(tmp, "w") as f:
         f.attrs["dataset_name"] = dataset_name
         f.attrs["grid_type"] = "cartesian"
         f.attrs["n_spatial_dims"] = len(coords)
@@ -91,5 +102,4 @@ def write_well_file(
 
         for order, fields in enumerate((t0_fields, t1_fields, t2_fields)):
             _field_group(f, order, fields, time_varying)
-    os.replace(tmp, path)
     return path

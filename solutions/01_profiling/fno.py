@@ -20,6 +20,7 @@ from profiling import summarize, timeline, traces
 
 from wellfno import data, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
+from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
 
@@ -35,7 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -54,14 +55,6 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     return args
-
-
-def pick_device(name):
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but torch sees no GPU: use --device cpu, or run on a GPU node")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm builds report as cuda too
-    return torch.device(name)
 
 
 def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=None):

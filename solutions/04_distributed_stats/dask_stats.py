@@ -20,7 +20,8 @@ import h5py
 import numpy as np
 
 from wellfno.cli import UserError, run_main
-from wellfno.stats import CHUNK_BYTES, empty_moments, merge, plan_dataset, stats_from_moments, write_stats_yaml
+from wellfno.moments import empty_moments, merge
+from wellfno.stats import CHUNK_BYTES, plan_dataset, stats_from_moments, write_stats_yaml
 
 
 def lazy_moments(x: da.Array, order: int):
