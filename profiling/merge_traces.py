@@ -6,7 +6,8 @@
 Each rank's trace uses its own process ids, and two ranks on one node both call their GPU
 "device 0" (pid 0): copied as they are, Perfetto would draw both ranks into the same tracks.
 Every (rank, pid) gets a pid of its own, named "rank R: <process name>", sorted by rank;
-flow arrow ids are made unique per rank.
+flow arrow ids and the correlation / External ids that link a kernel to its launch are made
+unique per rank, so the merged trace still says which host call launched each kernel.
 
 Time: torch writes `ts` in microseconds against the trace's `baseTimeNanoseconds`. `--align clock`
 (default) puts all ranks on that shared wall clock (fine on one node, and across nodes whose clocks
@@ -25,6 +26,7 @@ from wellfno.cli import UserError, atomic_write_bytes, run_main
 
 PID_STRIDE = 1 << 32  # above any OS pid or device index
 FLOW_STRIDE = 1 << 40
+LINK_IDS = ("correlation", "External id")
 
 
 def merge(loaded: list[tuple[int, dict]], align: str = "clock") -> dict:
@@ -62,6 +64,9 @@ def merge(loaded: list[tuple[int, dict]], align: str = "clock") -> dict:
                 e["ts"] = e["ts"] + offsets[rank] - origin if e.get("ph") != "M" else 0
             if e.get("ph") in ("s", "t", "f") and isinstance(e.get("id"), int):
                 e["id"] = rank * FLOW_STRIDE + e["id"]
+            if isinstance(e.get("args"), dict) and any(isinstance(e["args"].get(k), int) for k in LINK_IDS):
+                e["args"] = {k: rank * FLOW_STRIDE + v if k in LINK_IDS and isinstance(v, int) else v
+                             for k, v in e["args"].items()}
             events.append(e)
         for pid, merged_pid in new_pid.items():
             events.append(dict(ph="M", name="process_name", pid=merged_pid, tid=0,
