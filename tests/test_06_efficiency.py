@@ -5,13 +5,15 @@
 The first part checks wellfno/flops.py against FLOPs counted by hand; the second runs the script
 on the tiny generated data and compares runs with each other (float32 is the reference).
 """
+import gzip
 import json
 import math
 
 import pytest
 import torch
 
-from tests.conftest import run_script, script_under_test
+from profiling import syncs
+from tests.conftest import REPO, run_script, script_under_test
 from wellfno import flops
 
 # -- wellfno.flops against hand counts --------------------------------------------------------------
@@ -210,3 +212,24 @@ def test_compile_without_a_compiler_is_one_line_error(script, tiny_data_dir, tmp
     assert len(result.stderr.strip().splitlines()) == 1 and "compiler" in result.stderr
     assert "without --compile" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def syncs_per_profiled_step(script, data_dir, out, *extra):
+    """Host syncs (profiling/syncs.py) in each step of a --profile window: steps 5-9 of 10."""
+    result = run_script(script, "--data-dir", data_dir, "--out", out, "--epochs", "1", "--batch-size", "1",
+                        "--bind", "none", "--profile", "--max-steps", "10", *extra, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (trace_file,) = out.glob("trace_rank0_*.json.gz")
+    trace = json.loads(gzip.decompress(trace_file.read_bytes()))
+    return [row["syncs"] for row in syncs.host_syncs_per_step(trace)]
+
+
+# The count reads the same on CPU and GPU traces (profiling/syncs.py): a CPU test of a GPU habit.
+@pytest.mark.slow
+def test_no_host_sync_inside_the_step(script, tiny_data_dir, tmp_path):
+    baseline = syncs_per_profiled_step(REPO / "solutions" / "05_ddp" / "fno.py", tiny_data_dir, tmp_path / "05")
+    assert len(baseline) == 5 and min(baseline) >= 1, f"solution 05 reads the loss back every step: {baseline}"
+    every_step = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1", "--log-every", "1")
+    assert every_step == [1] * 5, f"--log-every 1: one read-back per step, no more: {every_step}"
+    never = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1000", "--log-every", "1000")
+    assert never == [0] * 5, f"--log-every larger than the run: no host sync in any step: {never}"

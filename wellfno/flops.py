@@ -146,7 +146,7 @@ def cpu_peak(cores: int | None = None) -> Peak:
     per_cycle, why = cpu_flops_per_cycle(flags, info.get("vendor_id", ""), family, platform.machine())
     clock, clock_source = _max_clock_hz(info)
     name = f"{cpu_model()}, {cores} core{'s' * (cores != 1)}"
-    source = (f"estimate: {cores} cores x {clock / 1e9:.2f} GHz ({clock_source}) x FLOPs/cycle/core "
+    source = (f"estimate: {cores} core(s) x {clock / 1e9:.2f} GHz ({clock_source}) x FLOPs/cycle/core "
               f"{per_cycle} ({why}; 2 FMA pipes assumed; flags from /proc/cpuinfo)") if clock else \
         f"no estimate: {clock_source}"
     flops = {k: cores * clock * v for k, v in per_cycle.items()} if clock else {}
@@ -233,26 +233,64 @@ def training_flops_per_sample(model: torch.nn.Module, x: torch.Tensor, y: torch.
                 by_kind={k: v / n for k, v in counted["by_kind"].items()})
 
 
-def utilization(flops_per_sample: float, samples_per_s: float, peak: Peak, amp: str) -> dict:
-    """metrics.json's efficiency entries: achieved FLOP/s, the peak used and MFU (None without a peak)."""
+def utilization(flops_per_sample: float, samples_per_s: float, peak: Peak, amp: str, devices: int = 1) -> dict:
+    """metrics.json's efficiency entries: achieved FLOP/s, the peak used and MFU (None without a peak).
+
+    `samples_per_s` is the whole job's (all ranks); so is the peak: `devices` times one device's.
+    """
     achieved = flops_per_sample * samples_per_s
     peak_flops, precision = peak.for_amp(amp)
-    return dict(flops_per_sample=flops_per_sample, achieved_flops_per_s=achieved, peak_flops_per_s=peak_flops,
-                peak_precision=precision, peak_device=peak.name, peak_source=peak.source,
-                peak_is_estimate=peak.estimate, mfu=achieved / peak_flops if peak_flops else None)
+    total_peak = peak_flops * devices if peak_flops else None
+    return dict(flops_per_sample=flops_per_sample, achieved_flops_per_s=achieved, peak_flops_per_s=total_peak,
+                peak_flops_per_device=peak_flops, devices=devices, peak_precision=precision, peak_device=peak.name,
+                peak_source=peak.source, peak_is_estimate=peak.estimate,
+                mfu=achieved / total_peak if total_peak else None)
 
 
-def peak_table(cpu: Peak | None = None) -> str:
-    """Markdown table: TFLOP/s per precision for this CPU (estimate) and the GPUs of GPU_PEAKS."""
-    cpu = cpu or cpu_peak()
+def peak_table(cpu: Peak | None = None, include_cpu: bool = True) -> str:
+    """Markdown table: dense TFLOP/s per precision for this CPU (an estimate) and the GPUs of GPU_PEAKS."""
     columns = ("fp32", "fp32_matrix", "tf32", "bf16", "fp16")
     lines = ["| device | " + " | ".join(columns) + " | source |", "|---" * (len(columns) + 2) + "|"]
-    rows = [(cpu.name + " (estimate)", cpu.flops, cpu.source)]
+    rows = []
+    if include_cpu:
+        cpu = cpu or cpu_peak()
+        rows.append((cpu.name + " (estimate)", cpu.flops, cpu.source))
     rows += [(name, row, row["source"]) for name, row in GPU_PEAKS.items()]
     for name, flops, source in rows:
-        cells = [f"{flops[c] / 1e12:.3g}" if c in flops else "-" for c in columns]
+        cells = [f"{flops[c] / 1e12:.4g}" if c in flops else "-" for c in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {source} |")
     return "\n".join(lines)
+
+
+def efficiency_markdown(rows: list[dict]) -> str:
+    """The table of solutions/06_efficiency/benchmark.py: one row per idea added in turn."""
+    lines = ["| step | samples/s | vs 05 | GFLOP/s | MFU | peak used | peak memory (MiB) | compile (s) |",
+             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.2f}%"
+        memory = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**20:.0f}"
+        compiled = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.0f}"
+        lines.append(f"| {r['row']} | {r['samples_per_s']:.1f} | {r['vs_first']:.2f}x | "
+                     f"{r['achieved_flops_per_s'] / 1e9:.2f} | {mfu} | {r['peak_precision']} | {memory} | {compiled} |")
+    return "\n".join(lines)
+
+
+EFFICIENCY_RESULT = Path("results") / "06_efficiency_cpu" / "efficiency.json"
+
+
+def efficiency_table(root: Path) -> str:
+    """README renderer (wellfno.results): exercise 06's table from its committed results file."""
+    from wellfno.results import caption, read_result
+
+    result = read_result(root / EFFICIENCY_RESULT)
+    data = result["data"]
+    return (efficiency_markdown(data["rows"]) + f"\n\nPeak: {data['peak_device']} ({data['peak_source']}).\n\n"
+            + caption(result))
+
+
+def gpu_peak_table(root: Path) -> str:
+    """README renderer: the GPU rows of the peak table (datasheet values, the same on every machine)."""
+    return peak_table(include_cpu=False)
 
 
 def main(argv=None):

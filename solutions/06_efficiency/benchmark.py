@@ -15,7 +15,8 @@ For each: training samples/s (its metrics.json), FLOP/s = FLOPs per sample (well
 forward + backward) x samples/s, MFU against the device's peak for the precision in use,
 and peak memory (device memory on a GPU; the process's max RSS on a CPU). Rows run round-robin,
 `--repeats` rounds; each number is the best round (interference only slows a run down).
-Writes OUT/efficiency.json and OUT/efficiency.png.
+Writes OUT/efficiency.json (a wellfno.results file: command, machine, rows) and OUT/efficiency.png;
+the training runs themselves go to a temporary folder (--keep-runs DIR keeps them).
 """
 from __future__ import annotations
 
@@ -24,15 +25,17 @@ import json
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from profiling.throughput import machine
 from wellfno import data, flops
-from wellfno.cli import UserError, atomic_write_json, run_main
+from wellfno.cli import UserError, run_main
 from wellfno.device import pick_device
 from wellfno.model import NextFrameFNO
+from wellfno.results import write_result
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = REPO / "solutions" / "05_ddp" / "fno.py"
@@ -65,7 +68,8 @@ def flops_per_sample(dataset_dir: Path, width: int, batch_size: int) -> float:
 
 
 def run_row(args, script: Path, options: list[str], out: Path) -> dict:
-    cmd = [sys.executable, str(script), "--data-dir", str(args.data_dir), "--out", str(out), "--epochs", "1000",
+    cmd = [sys.executable, str(script), "--data-dir", str(args.data_dir), "--dataset", args.dataset,
+           "--out", str(out), "--epochs", "1000",
            "--max-steps", str(args.steps), "--seed", "0", "--device", args.device, *shlex.split(args.common), *options]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode:
@@ -76,8 +80,10 @@ def run_row(args, script: Path, options: list[str], out: Path) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", default="data", help="folder that holds datasets/ (the embedded dataset)")
-    p.add_argument("--out", default="runs/ex06", help="output folder")
+    p.add_argument("--data-dir", default="data", help="folder that holds datasets/")
+    p.add_argument("--dataset", default=data.EMBEDDED, help="embedded dataset (the default) or a Well dataset")
+    p.add_argument("--out", default="runs/ex06", help="output folder for efficiency.json and efficiency.png")
+    p.add_argument("--keep-runs", help="keep each training run's folder under this folder (default: a temporary one)")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (--max-steps)")
     p.add_argument("--repeats", type=int, default=1, help="round-robin rounds; each number is the best round")
     p.add_argument("--width", type=int, default=64, help="FNO width of the last row")
@@ -92,19 +98,21 @@ def main(argv=None):
     if not Path(args.baseline).is_file():
         raise UserError(f"--baseline {args.baseline}: no such script (solution 05 is the first row's script)")
     device = pick_device(args.device)
-    dataset_dir = data.resolve_dataset(args.data_dir, data.EMBEDDED)
+    dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     out = Path(args.out)
     rows = rows_to_run(args)
     info = machine(device)
     print(f"Measuring {len(rows)} rows x {args.repeats} rounds of {args.steps} steps on {info.get('gpu', info['cpu'])}")
     best: list[dict | None] = [None] * len(rows)
-    for round_ in range(args.repeats):
-        for i, (name, script, options) in enumerate(rows):
-            metrics = run_row(args, script, options, out / "runs" / f"{i}_round{round_}")
-            if best[i] is None or metrics["samples_per_second"] > best[i]["samples_per_second"]:
-                best[i] = metrics
-            print(f"round {round_ + 1}/{args.repeats}  {metrics['samples_per_second']:9.1f} samples/s  {name}",
-                  flush=True)
+    with tempfile.TemporaryDirectory(prefix="wellfno-ex06-") as scratch:
+        runs = Path(args.keep_runs or scratch)
+        for round_ in range(args.repeats):
+            for i, (name, script, options) in enumerate(rows):
+                metrics = run_row(args, script, options, runs / f"{i}_round{round_}")
+                if best[i] is None or metrics["samples_per_second"] > best[i]["samples_per_second"]:
+                    best[i] = metrics
+                print(f"round {round_ + 1}/{args.repeats}  {metrics['samples_per_second']:9.1f} samples/s  {name}",
+                      flush=True)
     # The 05 row has no FLOP count of its own: same model as the next row, counted here; same peak.
     baseline = best[0]
     baseline["flops_per_sample"] = flops_per_sample(dataset_dir, DEFAULT_WIDTH, DEFAULT_BATCH)
@@ -122,24 +130,12 @@ def main(argv=None):
             mfu=achieved / m["peak_flops_per_s"] if m["peak_flops_per_s"] else None,
             peak_memory_bytes=m.get("peak_memory_bytes"), peak_memory_of=m.get("peak_memory_of"),
             compile_seconds=m.get("compile_seconds")))
-    print(markdown(table))
-    result = dict(machine=info, device=str(device), peak_device=best[1]["peak_device"],
-                  peak_source=best[1]["peak_source"], steps=args.steps, repeats=args.repeats,
-                  common=args.common, rows=table)
-    atomic_write_json(out / "efficiency.json", result)
-    print(f"Wrote {out / 'efficiency.json'} and {figure(result, out / 'efficiency.png')}")
-
-
-def markdown(table: list[dict]) -> str:
-    lines = ["| step | samples/s | vs 05 | GFLOP/s | MFU | peak used | peak memory (MiB) | compile (s) |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
-    for r in table:
-        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.2f}%"
-        memory = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**20:.0f}"
-        compiled = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.0f}"
-        lines.append(f"| {r['row']} | {r['samples_per_s']:.1f} | {r['vs_first']:.2f}x | "
-                     f"{r['achieved_flops_per_s'] / 1e9:.2f} | {mfu} | {r['peak_precision']} | {memory} | {compiled} |")
-    return "\n".join(lines)
+    print(flops.efficiency_markdown(table))
+    result = dict(device=str(device), peak_device=best[1]["peak_device"], peak_source=best[1]["peak_source"],
+                  steps=args.steps, repeats=args.repeats, common=args.common, rows=table)
+    command = shlex.join(["python", "solutions/06_efficiency/benchmark.py", *(argv if argv is not None else sys.argv[1:])])
+    write_result(out / "efficiency.json", command, result, device)
+    print(f"Wrote {out / 'efficiency.json'} and {figure(dict(result, machine=info), out / 'efficiency.png')}")
 
 
 def figure(result: dict, path: Path) -> Path:
