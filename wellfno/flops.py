@@ -162,7 +162,7 @@ def device_peak(device: torch.device) -> Peak:
         if key.lower() in gpu.lower():
             peaks = dict(GPU_PEAKS[row])
             return Peak(f"{gpu} ({row})", {k: v for k, v in peaks.items() if k != "source"}, peaks["source"])
-    return Peak(gpu, {}, f"not in wellfno/flops.py GPU_PEAKS: add its datasheet's dense peaks to get an MFU")
+    return Peak(gpu, {}, "not in wellfno/flops.py GPU_PEAKS: add its datasheet's dense peaks to get an MFU")
 
 
 # -- counting -------------------------------------------------------------------------------------

@@ -1,23 +1,25 @@
 """Solution 06: every device step counts: no host syncs in the step, mixed precision, torch.compile, FLOP/s vs peak.
 
-    torchrun --nproc-per-node 4 solutions/05_ddp/fno.py --batch-size 16      # 4 ranks, 16 samples each per step
-    srun -N 2 --ntasks-per-node 4 --gpus-per-task 1 python solutions/05_ddp/fno.py   # one task per GPU
-    python solutions/05_ddp/fno.py                                            # one rank, as solution 03
-    torchrun --nproc-per-node 3 solutions/05_ddp/fno.py --eval-only --out runs/ddp  # evaluate OUT/checkpoint.pt
-
-    python solutions/06_efficiency/fno.py --log-every 50 --amp bf16 --compile --width 64 --batch-size 64
+    python solutions/06_efficiency/fno.py --log-every 50                   # read the loss back every 50 steps only
+    python solutions/06_efficiency/fno.py --amp bf16 --compile --width 64 --batch-size 64
+    torchrun --nproc-per-node 4 solutions/06_efficiency/fno.py --amp bf16  # with DDP, as solution 05
     nsys profile --trace=cuda,nvtx,osrt -o runs/nsys python solutions/06_efficiency/fno.py --nvtx --max-steps 50
 
 Earlier steps:
 
+    torchrun --nproc-per-node 4 solutions/05_ddp/fno.py --batch-size 16      # 4 ranks, 16 samples each per step
+    srun -N 2 --ntasks-per-node 4 --gpus-per-task 1 python solutions/05_ddp/fno.py   # one task per GPU
+    python solutions/05_ddp/fno.py                                            # one rank, as solution 03
+    torchrun --nproc-per-node 3 solutions/05_ddp/fno.py --eval-only --out runs/ddp  # evaluate OUT/checkpoint.pt
     python fno.py                                   # embedded Gray-Scott data, made on first use
     python fno.py --dataset turbulent_radiative_layer_2D --data-dir /scratch/well --download
     python solutions/01_profiling/fno.py --profile --max-steps 12   # trace steps 7-11, then stop
     python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --persistent-workers --fast-reader
     srun -n 4 --gpus-per-node=4 python solutions/03_affinity/fno.py --num-workers 4 --bind exclusive
 
-Rank 0 writes OUT/metrics.json (with FLOPs per sample, achieved FLOP/s and MFU), OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
-with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
+Rank 0 writes OUT/metrics.json (with FLOPs per sample, achieved FLOP/s and MFU), OUT/rollout.png and
+OUT/checkpoint.pt (`--resume` continues from it, with any number of ranks);
+--eval-only writes OUT/eval.json and OUT/rollout.png.
 """
 import argparse
 import contextlib
@@ -483,7 +485,8 @@ def train(args, env, backend=None, device=None):
             + (f"  (first step, compiling: {compiling:.1f} s, timed apart)" if compiling else ""))
         if env.rank == 0:  # one writer; the others hold the same model
             atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                                               scaler=scaler.state_dict(), epoch=epoch, step=step, history=history, world_size=env.world_size))
+                                               scaler=scaler.state_dict(), epoch=epoch, step=step, history=history,
+                                               world_size=env.world_size))
     nvtx.__exit__(None, None, None)
     if prof:
         prof.stop()
@@ -492,8 +495,8 @@ def train(args, env, backend=None, device=None):
         if env.rank == 0:
             sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
             print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-            summarize.print_summary(traces.load(trace), path=trace)
-            print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace)}")
+            loaded = summarize.print_summary(trace)
+            print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")
         return
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
