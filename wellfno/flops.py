@@ -47,8 +47,12 @@ GPU_PEAKS = {
                      source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
     "H100 PCIe": dict(fp32=51e12, tf32=378e12, bf16=756.5e12, fp16=756.5e12,
                       source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
+    "H100 NVL": dict(fp32=60e12, tf32=417.5e12, bf16=835.5e12, fp16=835.5e12,
+                     source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
     "H200": dict(fp32=67e12, tf32=494.5e12, bf16=989.5e12, fp16=989.5e12,
                  source="https://www.nvidia.com/en-us/data-center/h200/"),
+    "H200 NVL": dict(fp32=60e12, tf32=417.5e12, bf16=835.5e12, fp16=835.5e12,
+                     source="https://www.nvidia.com/en-us/data-center/h200/"),
     "MI250X (one GCD)": dict(fp32=23.95e12, fp32_matrix=47.85e12, bf16=191.5e12, fp16=191.5e12,
                              source="https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html "
                                     "(per module: 47.9 / 95.7 / 383 TFLOP/s; two GCDs per module)"),
@@ -56,8 +60,8 @@ GPU_PEAKS = {
                    source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300a.html"),
 }
 # How torch.cuda.get_device_name() spells them (ROCm: "AMD Instinct MI250X", "AMD Instinct MI300A").
-_NAME_KEYS = (("MI300A", "MI300A"), ("MI250X", "MI250X (one GCD)"), ("H200", "H200"),
-              ("H100 PCIe", "H100 PCIe"), ("H100", "H100 SXM"), ("A100", "A100"))
+_NAME_KEYS = (("MI300A", "MI300A"), ("MI250X", "MI250X (one GCD)"), ("H200 NVL", "H200 NVL"), ("H200", "H200"),
+              ("H100 NVL", "H100 NVL"), ("H100 PCIe", "H100 PCIe"), ("H100", "H100 SXM"), ("A100", "A100"))
 AMD_ZEN4_FAMILY = 25  # Zen 3/4 (family 19h): a 512-bit AVX-512 op runs as two 256-bit halves
 AMX_BF16_FLOPS_PER_CYCLE = 1024  # per core; Intel 64 and IA-32 Architectures Optimization Reference Manual, AMX
 
@@ -275,7 +279,7 @@ def efficiency_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-EFFICIENCY_RESULT = Path("results") / "06_efficiency_cpu" / "efficiency.json"
+EFFICIENCY_RESULT = Path("results") / "efficiency_cpu" / "efficiency.json"
 
 
 def efficiency_table(root: Path) -> str:

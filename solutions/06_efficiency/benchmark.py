@@ -133,7 +133,8 @@ def main(argv=None):
     print(flops.efficiency_markdown(table))
     result = dict(device=str(device), peak_device=best[1]["peak_device"], peak_source=best[1]["peak_source"],
                   steps=args.steps, repeats=args.repeats, common=args.common, rows=table)
-    command = shlex.join(["python", "solutions/06_efficiency/benchmark.py", *(argv if argv is not None else sys.argv[1:])])
+    given = argv if argv is not None else sys.argv[1:]
+    command = shlex.join(["python", "solutions/06_efficiency/benchmark.py", *given])
     write_result(out / "efficiency.json", command, result, device)
     print(f"Wrote {out / 'efficiency.json'} and {figure(dict(result, machine=info), out / 'efficiency.png')}")
 
