@@ -14,6 +14,7 @@ import torch
 
 from profiling import syncs
 from tests.conftest import REPO, run_script, script_under_test
+from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 (fixtures of the Slurm test)
 from wellfno import flops
 
 # -- wellfno.flops against hand counts --------------------------------------------------------------
@@ -237,3 +238,19 @@ def test_no_host_sync_inside_the_step(script, tiny_data_dir, tmp_path):
     never = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1000", "--bind", "none",
                                     "--log-every", "1000")
     assert never == [0] * 5, f"--log-every larger than the run: no host sync in any step: {never}"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_efficiency_job_writes_its_table(slurm_cluster, slurm_data, tmp_path):  # noqa: F811
+    """slurm/06_efficiency.sbatch on the local test cluster: the benchmark's rows, no vendor profiler on a CPU."""
+    run_root = tmp_path / "runs"
+    job = run_job("06_efficiency.sbatch", "--steps", "2", "--no-compile", "--width", "8", "--batch-size", "4",
+                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=900)
+    job.assert_completed()
+    result = json.loads((job.run_dir / "efficiency.json").read_text())
+    rows = result["data"]["rows"]
+    assert [r["row"] for r in rows] == ["05 as is", "+ no host syncs", "+ bf16", "+ width 8, batch 4"]
+    assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows)
+    assert (job.run_dir / "efficiency.png").is_file()
+    assert "no vendor profiler run" in job.out.read_text()
