@@ -134,8 +134,14 @@ def synchronize(device):
 
 
 def check_amp(amp, device):
-    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 support: use --amp fp16")
+    if amp == "bf16" and device.type == "cuda":
+        try:  # emulated bf16 (e.g. on a V100) runs slower than float32: only the real thing counts
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch before 2.4 has no such flag
+            native = torch.cuda.is_bf16_supported()
+        if not native:
+            raise UserError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 units: "
+                            f"use --amp fp16")
     if amp != "none" and not torch.amp.is_autocast_available(device.type):
         raise UserError(f"--amp {amp}: torch has no autocast for {device.type}: use --amp none")
 
