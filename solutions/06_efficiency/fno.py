@@ -405,8 +405,10 @@ def train(args, env, backend=None, device=None):
                                        seed=args.seed, drop_last=True)
     # The generator fixes each worker's seed (torch seeds torch, random and numpy in worker i with
     # base_seed + i, base_seed drawn from it): the same batches with any --num-workers.
+    # A compiled model compiles again for every new batch shape: with --compile, no short last batch.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
-                              generator=torch.Generator().manual_seed(args.seed), **loader_options)
+                              drop_last=args.compile, generator=torch.Generator().manual_seed(args.seed),
+                              **loader_options)
     # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's pitfall).
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
