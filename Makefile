@@ -68,8 +68,7 @@ results: venv data
 	    --results results/profiling_overhead.json; \
 	$(PY) profiling/threads.py --data-dir $(DATA_DIR) --threads 1,2 --busy 0,1 --results results/threads.json; \
 	$(PY) affinity/benchmark.py --out results/affinity_benchmark.json; \
-	$(PY) solutions/04_distributed_stats/benchmark.py --synthetic-gb 0.5 --ranks 1,2 --repeat 2 \
-	    --json $(RESULTS_RUNS)/stats_benchmark_raw.json --results results/stats_benchmark.json
+	$(PY) solutions/04_distributed_stats/benchmark.py --ranks 1,2 --json results/04_stats_benchmark.json
 	$(PY) -m wellfno.results render
 
 clean:

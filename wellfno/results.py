@@ -63,8 +63,10 @@ def caption(result: dict) -> str:
     return f"_Measured by `{result['command']}` on {describe(result['machine'])}{', ' + when if when else ''}._"
 
 
-def md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def md_table(header: list[str], rows: list[list], align: str = "") -> str:
+    """A Markdown table; `align` has one letter per column, r for right-aligned (numbers), else left."""
+    rule = ["---:" if a == "r" else "---" for a in align.ljust(len(header), "l")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -173,6 +175,16 @@ def measure_runtimes(root: Path, out_json: Path) -> dict:
     return {"rows": rows}
 
 
+def _caption(result: dict) -> str:
+    """caption(), plus a warning when other work outnumbered the cores during the run."""
+    machine = result["machine"]
+    load, cores = machine.get("load_average"), machine.get("cores")
+    if load is not None and cores and load > cores:
+        return (caption(result) + f" _The load average ({load}) was above the number of cores ({cores}): other "
+                "jobs' noise is in these numbers; re-measure on an idle machine (`make results`)._")
+    return caption(result)
+
+
 def _result(root, name: str) -> dict:
     return read_result(Path(root) / "results" / name)
 
@@ -221,9 +233,9 @@ def runtimes_table(root: Path) -> str:
         rows.append([row["step"], f"`{row['command']}`", f"{row['seconds']:.1f} s{_runtime_note(row)}",
                      f"{on_gpu['seconds']:.1f} s{_runtime_note(on_gpu)}" if on_gpu else
                      "(CPU only)" if row["step"] in CPU_ONLY_STEPS else "to be measured"])
-    lines = md_table(["step", "command", "wall time here", "GPU node"], rows) + "\n\n" + caption(result)
+    lines = md_table(["step", "command", "wall time here", "GPU node"], rows) + "\n\n" + _caption(result)
     if gpu:
-        lines += "\n" + caption(gpu).replace("_Measured by", "_GPU column measured by")
+        lines += "\n" + _caption(gpu).replace("_Measured by", "_GPU column measured by")
     return lines
 
 
@@ -240,7 +252,7 @@ def dataset_sizes_table(root: Path) -> str:
              "not generated here; 6 × 20 trajectories × 201 frames × 128² × 2 fields × 4 bytes = 3.2 GB of "
              "float32 (arithmetic, not a measurement); to be measured"]]
     return md_table(["size", "grid, frames", "trajectories (train/valid/test per regime)", "measured here"],
-                    rows) + "\n\n" + caption(result)
+                    rows) + "\n\n" + _caption(result)
 
 
 def demo_run_summary(root: Path) -> str:
@@ -257,7 +269,7 @@ def demo_run_summary(root: Path) -> str:
                                [[k + 1, f"{model[k]:.3f}", f"{persistence[k]:.3f}"] for k in shown if 0 <= k < len(model)])
     first = f"persistence is better from rollout step {worse + 1} on" if worse is not None else \
         "the model beats persistence at every rollout step"
-    return f"`{row['command']}`: {first}.\n\n{table}\n\n{caption(result)}"
+    return f"`{row['command']}`: {first}.\n\n{table}\n\n{_caption(result)}"
 
 
 # ---- exercise 01: the profile (step 01 of runtimes.json) and the profiler's overhead
@@ -297,7 +309,7 @@ def profile_transcript(root: Path) -> str:
     return (f"```\n$ {row['command']}\n{text}\n```\n\n"
             f"The whole command took {row['seconds']:.0f} s. The data wait: {100 * shares['data_wait']:.1f} % of the "
             f"profiled steps, {wait_ms:.1f} ms per step of 16 samples "
-            f"({wait_ms / 16:.1f} ms a sample, DataLoader and collation included).\n\n{caption(result)}")
+            f"({wait_ms / 16:.1f} ms a sample, DataLoader and collation included).\n\n{_caption(result)}")
 
 
 def overhead_table(root: Path) -> str:
@@ -310,12 +322,16 @@ def overhead_table(root: Path) -> str:
              f"{100 * (1 - d[k]['ratio']):+.1f} %"] for k, label in labels.items() if k in d]
     step_ms = 1e3 / d["outside"]["plain_steps_per_s"]
     idle = d["idle_record_function_us"]
-    return (md_table(["steps", "plain steps/s", "profiled steps/s", "ratio", "slower by"], rows) +
+    return (md_table(["steps", "plain steps/s", "profiled steps/s", "ratio", "slower by"], rows, "lrrrr") +
             f"\n\nAn idle `record_function` range (no profiler running) costs {idle:.1f} µs here: 5 per step "
-            f"= {100 * 5 * idle / 1e3 / step_ms:.2f} % of a {step_ms:.0f} ms step.\n\n" + caption(result))
+            f"= {100 * 5 * idle / 1e3 / step_ms:.2f} % of a {step_ms:.0f} ms step.\n\n" + _caption(result))
 
 
 # ---- exercise 02: the loader sweep, the readers, the scripts
+def _workers(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'}"
+
+
 def _fmt_rate(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -334,18 +350,18 @@ def throughput_table(root: Path, name: str = "throughput.json") -> str:
             f"{_fmt_rate(rates['well'])} samples/s ({1e3 / rates['well']:.1f} ms a sample); fast / raw "
             f"**{r['fast_over_raw']:.2f}**, fast / WellDataset **{r['fast_over_well']:.0f}×**.\n\n")
     text += md_table(["reader", "workers", "pin", "prefetch", "data_only", "compute_only", "full", "full / compute"],
-                     rows)
+                     rows, "lrlrrrrr")
     for reader in dict.fromkeys(row["reader"] for row in d["rows"]):
         mine = [row for row in d["rows"] if row["reader"] == reader]
         top = max(mine, key=lambda row: row["full"])
-        line = (f"\n\n`{reader}`: best full {_fmt_rate(top['full'])} samples/s with {top['num_workers']} workers "
+        line = (f"\n\n`{reader}`: best full {_fmt_rate(top['full'])} samples/s with {_workers(top['num_workers'])} "
                 f"(full / compute-only {top['efficiency']:.2f})")
         zero = [row for row in mine if row["num_workers"] == 0]
         two = [row for row in mine if row["num_workers"] == 2]
         if zero and two:
             line += f"; data_only with 2 workers / 0 workers = {two[0]['data_only'] / zero[0]['data_only']:.2f}"
         text += line + "."
-    return text + "\n\n" + caption(result)
+    return text + "\n\n" + _caption(result)
 
 
 def readers_large_table(root: Path) -> str:
@@ -353,11 +369,11 @@ def readers_large_table(root: Path) -> str:
     result = _result(root, "throughput_large.json")
     r = result["data"]["readers"]
     rates = r["samples_per_s"]
-    return (md_table(["reader", "samples/s", "vs raw h5py"],
+    return (md_table(["reader", "samples/s", "vs raw h5py"], align="lrr", rows=
                      [["raw h5py slices", _fmt_rate(rates["raw_h5py"]), "1.00"],
                       ["fast reader", _fmt_rate(rates["fast"]), f"**{r['fast_over_raw']:.2f}**"],
                       ["WellDataset", _fmt_rate(rates["well"]), f"{r['well_over_raw']:.3f}"]])
-            + "\n\n" + caption(result))
+            + "\n\n" + _caption(result))
 
 
 def scripts_table(root: Path) -> str:
@@ -365,8 +381,8 @@ def scripts_table(root: Path) -> str:
     result = _result(root, "compare_scripts.json")
     d = result["data"]
     rows = [[f"`{row['command']}`", f"{row['samples_per_s']:.1f}", f"{row['vs_first']:.2f}×"] for row in d["rows"]]
-    return (md_table(["script", "samples/s", f"vs {d['rows'][0]['command']}"], rows) +
-            f"\n\nEach script with `{d['script_args']}`, best of {d['repeats']} round-robin rounds.\n\n" + caption(result))
+    return (md_table(["script", "samples/s", f"vs {d['rows'][0]['command']}"], rows, "lrr") +
+            f"\n\nEach script with `{d['script_args']}`, best of {d['repeats']} round-robin rounds.\n\n" + _caption(result))
 
 
 def step02_summary(root: Path) -> str:
@@ -381,10 +397,10 @@ def step02_summary(root: Path) -> str:
         top = max(mine, key=lambda row: row["full"])
         rows.append([names.get(reader, reader), _fmt_rate(zero["data_only"]), _fmt_rate(zero["full"]),
                      _fmt_rate(zero["compute_only"]), f"{zero['efficiency']:.2f}",
-                     f"{_fmt_rate(top['full'])} ({top['num_workers']} workers, {top['efficiency']:.2f})"])
+                     f"{_fmt_rate(top['full'])} ({_workers(top['num_workers'])}, {top['efficiency']:.2f})"])
     return (md_table(["reader", "DataLoader alone, 0 workers", "full step, 0 workers", "compute-only",
-                      "full / compute-only", "best full step (workers, full / compute-only)"], rows)
-            + "\n\nsamples/s; exercise 02's sweep table has every configuration.\n\n" + caption(result))
+                      "full / compute-only", "best full step (workers, full / compute-only)"], rows, "lrrrrr")
+            + "\n\nsamples/s; exercise 02's sweep table has every configuration.\n\n" + _caption(result))
 
 
 # ---- INSTRUCTORS.md: torch threads next to a busy process
@@ -398,12 +414,27 @@ def threads_table(root: Path) -> str:
     header = ["torch threads"] + ["alone" if b == 0 else f"next to {b} busy process{'es' if b > 1 else ''}"
                                   for b in busy]
     rows = [[t] + [f"{rate[(t, b)]:.0f}" if (t, b) in rate else "" for b in busy] for t in threads]
-    return md_table(header, rows) + "\n\n" + caption(result)
+    return md_table(header, rows, "r" * len(header)) + "\n\n" + _caption(result)
 
 
 # ---- README.md: one row per step, each quoting its results file
 def _link(name: str) -> str:
     return f"[`results/{name}`](results/{name})"
+
+
+def _stats_benchmark(root: Path) -> dict | None:
+    """Exercise 04's benchmark file, in wellfno.results' layout or in benchmark.py's own (top-level keys)."""
+    path = Path(root) / "results" / "04_stats_benchmark.json"
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    if "data" in raw:
+        return read_result(path)
+    machine = dict(raw.get("machine", {}))
+    if "load_average_at_end" in machine:
+        machine.setdefault("load_average", round(machine["load_average_at_end"], 2))
+    return {"command": raw.get("command", "python solutions/04_distributed_stats/benchmark.py"), "machine": machine,
+            "measured_at": raw.get("date", ""), "data": raw}
 
 
 def readme_results_table(root: Path) -> str:
@@ -428,8 +459,9 @@ def readme_results_table(root: Path) -> str:
         wait = sum(s["data_wait"] for s in prof) / len(prof)
         total = sum(s["total"] for s in prof) / len(prof)
         over = use("profiling_overhead.json")
-        cost = (f"; the profiler costs {100 * (1 - over['data']['before']['ratio']):.1f} % before its window "
-                f"(`profiling/overhead.py`, {_link('profiling_overhead.json')})") if over else ""
+        cost = (f"; steps/s with the profiler waiting for its window / without: "
+                f"{over['data']['before']['ratio']:.2f} (`profiling/overhead.py`, {_link('profiling_overhead.json')})"
+                if over else "")
         rows.append(["01", f"`{r['command']}`", f"{r['seconds']:.0f} s; waiting for data is "
                      f"**{100 * wait / total:.0f} %** of a profiled step ({wait:.0f} ms of {total:.0f} ms){cost}",
                      _link("runtimes.json")])
@@ -457,20 +489,27 @@ def readme_results_table(root: Path) -> str:
             text += f"; a worker sharing a busy core: {free / busy:.2f}× slower"
         rows.append(["03", f"`{aff['command']}` ([exercise 03](exercises/03_affinity/README.md#5-measure-when-does-it-pay))",
                      text, _link("affinity_benchmark.json")])
-    stats = use("stats_benchmark.json")
+    stats = _stats_benchmark(root)
+    if stats:
+        results["04_stats_benchmark.json"] = stats
+    tested = ("the tests (`tests/test_stats_distributed.py`) check that 1, 2, 3 and 4 ranks on one machine "
+              "(python, srun-style and torchrun launches) and two torchrun agents on one machine standing in for "
+              "two nodes write the serial `stats.yaml` bit for bit")
     if stats:
         d = stats["data"]
         by_ranks = {r["ranks"]: r for r in d["rows"] if r["name"].startswith("distributed")}
         same = [k for k, v in d["bitwise_identical_to_serial"].items() if v]
-        text = (f"on a {d['dataset']['gigabytes']:.2f} GB synthetic split: " +
+        text = (f"on a {d['dataset']['gigabytes']:.2f} GB split: " +
                 ", ".join(f"{n} rank{'s' if n > 1 else ''} {r['seconds']:.2f} s" for n, r in sorted(by_ranks.items())))
         if 1 in by_ranks and len(by_ranks) > 1:
             n = max(by_ranks)
             text += f" ({by_ranks[1]['seconds'] / by_ranks[n]['seconds']:.1f}× with {n} ranks)"
         text += (f"; {len(same)} of {len(d['bitwise_identical_to_serial'])} distributed runs bit for bit equal to "
-                 f"the serial `stats.yaml`. The tests (`tests/test_stats_distributed.py`) check 1–4 ranks and two "
-                 f"torchrun agents on one machine standing in for two nodes")
-        rows.append(["04", f"`{stats['command']}`", text, _link("stats_benchmark.json")])
+                 f"the serial `stats.yaml`; {tested}")
+        rows.append(["04", f"`{stats['command']}`", text, _link("04_stats_benchmark.json")])
+    else:
+        rows.append(["04", "`python solutions/04_distributed_stats/benchmark.py --json results/04_stats_benchmark.json`",
+                     f"timings to be measured (no results file yet); {tested}", "—"])
     machines = {}
     for name, res in results.items():
         if res:

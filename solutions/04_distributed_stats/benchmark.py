@@ -119,7 +119,6 @@ def main() -> int:
     parser.add_argument("--dask-workers", type=int, help="dask threads (default: the largest of --ranks)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per row; the fastest counts (default 3)")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "04_stats_benchmark.json")
-    parser.add_argument("--results", type=Path, help="also write the table to this results file (wellfno.results)")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     dask_workers = args.dask_workers or max(ranks)
@@ -200,12 +199,6 @@ def main() -> int:
                                   "rows": rows, "max_rel_diff_vs_serial": agreement,
                                   "bitwise_identical_to_serial": identical})
     print(f"wrote {args.json}")
-    if args.results:
-        import json
-
-        from wellfno.results import write_result
-        write_result(args.results, " ".join(["python", "solutions/04_distributed_stats/benchmark.py", *sys.argv[1:]]),
-                     json.loads(args.json.read_text()))
     return 0
 
 
