@@ -57,6 +57,7 @@ def main(argv=None):
                                device)
     batches = iter(lambda: (x, y), None)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the start", flush=True)
+    default_threads = torch.get_num_threads()
     best = {(t, b): 0.0 for t in threads for b in busy}
     for round_ in range(args.repeats):
         for t, b in best:
@@ -73,6 +74,7 @@ def main(argv=None):
     print("| torch threads | " + " | ".join(f"{b} busy" for b in busy) + " |")
     for t in threads:
         print(f"| {t} | " + " | ".join(f"{best[(t, b)]:.0f}" for b in busy) + " |")
+    torch.set_num_threads(default_threads)   # the results file names the process's own setting
     if args.results:
         from wellfno.results import write_result
         rows = [dict(threads=t, busy_processes=b, samples_per_s=round(v, 1)) for (t, b), v in best.items()]

@@ -333,7 +333,8 @@ def _workers(n: int) -> str:
 
 
 def _fmt_rate(value: float) -> str:
-    return f"{value:,.0f}"
+    """samples/s: whole numbers, but a decimal below 10 (a loaded machine gets there)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
 
 
 def throughput_table(root: Path, name: str = "throughput.json") -> str:
@@ -413,7 +414,7 @@ def threads_table(root: Path) -> str:
     rate = {(row["threads"], row["busy_processes"]): row["samples_per_s"] for row in d["rows"]}
     header = ["torch threads"] + ["alone" if b == 0 else f"next to {b} busy process{'es' if b > 1 else ''}"
                                   for b in busy]
-    rows = [[t] + [f"{rate[(t, b)]:.0f}" if (t, b) in rate else "" for b in busy] for t in threads]
+    rows = [[t] + [_fmt_rate(rate[(t, b)]) if (t, b) in rate else "" for b in busy] for t in threads]
     return md_table(header, rows, "r" * len(header)) + "\n\n" + _caption(result)
 
 
