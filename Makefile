@@ -6,6 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU/CUDA wheel from PyPI; a site can point this at its own build or index.
 TORCH_SPEC ?= torch==2.13.0
+# numpy for a torch older than 2.3 (the oldest torch the course supports is 2.1: INSTRUCTORS.md).
+NUMPY_FOR_OLD_TORCH ?= numpy==1.26.4
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
 
@@ -32,7 +34,15 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	fi
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -r requirements.txt
+	@# requirements.txt pins numpy 2, which torch builds before 2.3 (compiled against NumPy 1.x)
+	@# cannot import: with such a torch (a site's older module), install $(NUMPY_FOR_OLD_TORCH) instead.
+	@if $(PY) -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v >= (2, 3))"; then \
+	  echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') predates 2.3: $(NUMPY_FOR_OLD_TORCH) instead of requirements.txt's numpy"; \
+	  grep -v '^numpy==' requirements.txt > $(VENV)/requirements-old-torch.txt; \
+	  $(PY) -m pip install -q -r $(VENV)/requirements-old-torch.txt "$(NUMPY_FOR_OLD_TORCH)"; \
+	else \
+	  $(PY) -m pip install -q -r requirements.txt; \
+	fi
 	$(PY) -m pip install -q --no-deps -e .
 	@$(PY) -c "import torch; print('torch', torch.__version__, '| GPU:', torch.cuda.is_available())"
 	@touch $@

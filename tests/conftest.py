@@ -64,3 +64,17 @@ def pytest_configure(config):
     chosen = config.getoption("--script", default=None)
     if chosen:
         os.environ.setdefault("STATS_SCRIPT", str(Path(chosen).resolve()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where torch sees a GPU (CUDA or ROCm) and are skipped elsewhere."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a GPU that torch sees (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)

@@ -96,3 +96,53 @@ def test_fast_reader_trains_exactly_like_welldataset(script, fno, reference, tin
         pytest.skip("optional task: --fast-reader not in this script")
     fast = train(fno, tiny_data_dir, tmp_path / "fast", "--n-steps-input", 2, "--fast-reader", "--num-workers", 2)
     assert losses(fast) == losses(reference)
+
+
+def record_copies(monkeypatch):
+    """Storages of the tensors DataLoaders yield, and the tensors handed to `.to(..., non_blocking=True)`."""
+    import torch
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    yielded, copied, kept = set(), [], []
+    next_batch, to = _BaseDataLoaderIter.__next__, torch.Tensor.to
+
+    def recording_next(self):
+        batch = next_batch(self)
+        for value in (batch.values() if isinstance(batch, dict) else batch):
+            if isinstance(value, torch.Tensor):
+                yielded.add(value.untyped_storage().data_ptr())
+                kept.append(value)  # alive, so that no later tensor can reuse its address
+        return batch
+
+    def recording_to(self, *args, **kwargs):
+        if kwargs.get("non_blocking"):
+            copied.append(dict(ptr=self.untyped_storage().data_ptr(), contiguous=self.is_contiguous(),
+                               pinned=self.is_pinned() if self.device.type == "cpu" and torch.cuda.is_available() else None))
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(_BaseDataLoaderIter, "__next__", recording_next)
+    monkeypatch.setattr(torch.Tensor, "to", recording_to)
+    return yielded, copied
+
+
+def test_the_non_blocking_copy_gets_the_loaders_own_batch(fno, tiny_data_dir, tmp_path, monkeypatch):
+    """The contract behind pinning: `.to(device, non_blocking=True)` is handed the memory the DataLoader
+    delivered (page-locked with pin_memory on a GPU), as one contiguous block. Reshaping on the host before
+    the copy hands it a new pageable tensor (2 input steps) or a strided view that torch first packs into a
+    pageable temporary (1 input step): either way the "asynchronous" copy is synchronous. The layout change
+    belongs after the copy (on the device) or inside the dataset/collate (in the workers, before pinning)."""
+    yielded, copied = record_copies(monkeypatch)
+    train(fno, tiny_data_dir, tmp_path / "run", "--pin-memory", "--n-steps-input", 2)
+    train(fno, tiny_data_dir, tmp_path / "run1", "--pin-memory", "--n-steps-input", 1)
+    assert copied, "copy the batches with .to(device, non_blocking=True)"
+    strays = [c for c in copied if c["ptr"] not in yielded or not c["contiguous"]]
+    assert not strays, (f"{len(strays)} of {len(copied)} non-blocking copies start from a tensor made after the "
+                        f"DataLoader or from a strided view of it")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("workers", [0, 2])
+def test_on_a_gpu_the_non_blocking_copies_start_from_pinned_memory(fno, tiny_data_dir, tmp_path, monkeypatch, workers):
+    _, copied = record_copies(monkeypatch)
+    train(fno, tiny_data_dir, tmp_path / "run", "--device", "cuda", "--pin-memory", "--num-workers", workers)
+    assert copied and all(c["pinned"] and c["contiguous"] for c in copied), copied

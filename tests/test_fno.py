@@ -32,6 +32,28 @@ def test_end_to_end_writes_metrics_figure_and_checkpoint(tiny_data_dir, tmp_path
     assert not list(out.glob(".*tmp")), "no temporary files left behind"
 
 
+def test_throughput_leaves_out_the_start_up_step(tiny_data_dir, tmp_path, monkeypatch):
+    """The first step pays one-time costs (here two stand-in seconds of them); samples_per_second must not."""
+    copy, calls = fno.data.batch_to_model, []
+
+    def slow_first_copy(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(2.0)
+        return copy(*args, **kwargs)
+
+    monkeypatch.setattr(fno.data, "batch_to_model", slow_first_copy)
+    out = tmp_path / "run"
+    fno.main(["--data-dir", str(tiny_data_dir), "--out", str(out), "--epochs", "1", "--max-steps", "3",
+              "--batch-size", "4"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    epoch = metrics["history"][0]
+    assert epoch["steps"] == 3 and epoch["samples"] == 12 and epoch["timed_samples"] == 8
+    assert epoch["seconds"] >= 2.0 > epoch["timed_seconds"], epoch
+    assert metrics["samples_per_second"] == pytest.approx(8 / epoch["timed_seconds"])
+    assert "first 1 step" in metrics["samples_per_second_excludes"]
+
+
 def test_resume_continues_where_a_killed_job_stopped(tiny_data_dir, tmp_path):
     out = tmp_path / "run"
     # A job that would run long; kill it (like Slurm at its time limit) once an epoch is saved.

@@ -1,6 +1,6 @@
 """Find, check and load a dataset of The Well.
 
-`resolve_dataset` turns what a participant typed (`--data-dir`, `--dataset`,
+`open_dataset` turns what a participant typed (`--data-dir`, `--dataset`,
 `--download`) into a dataset folder that is known to be complete, or a one-line
 error that says what to do. `well_datasets` builds the_well's own `WellDataset`
 for each split, z-score normalized with the dataset's `stats.yaml`.
@@ -80,8 +80,10 @@ def download(data_dir: Path, dataset: str) -> None:
     subprocess.run(cmd, check=False)
 
 
-def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing: bool = False) -> Path:
-    """Return the folder of a complete dataset, generating or downloading it if asked."""
+def open_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing: bool = False) -> tuple[Path, dict]:
+    """The folder of a complete dataset and its statistics (stats.yaml, read once); generate or download if asked."""
+    if Path(data_dir).expanduser().exists() and not Path(data_dir).expanduser().is_dir():
+        raise UserError(f"--data-dir {data_dir} is a file: pass the folder that holds datasets/")
     dataset_dir = locate(data_dir, dataset)
     data_root = dataset_dir.parent.parent
     present = (dataset_dir / "data").is_dir()
@@ -101,8 +103,12 @@ def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_miss
                 raise UserError(f"the download of {dataset} left {dataset_dir / 'data' / split} empty "
                                 f"(no network on this machine?): download on a login node with internet, "
                                 f"then pass --data-dir")
-    check_dataset(dataset_dir)
-    return dataset_dir
+    return dataset_dir, check_dataset(dataset_dir)
+
+
+def resolve_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing: bool = False) -> Path:
+    """The folder of a complete dataset (`open_dataset` without the statistics)."""
+    return open_dataset(data_dir, dataset, download_missing)[0]
 
 
 def trajectory_length(dataset_dir: Path, split: str) -> int:
@@ -148,16 +154,21 @@ def rollout_dataset(dataset_dir: Path, n_steps_input: int, split: str = "valid")
 
 
 def to_channels(fields):
-    """(B, T, H, W, F) -> (B, T*F, H, W): time steps and fields stacked as channels, as FNO wants."""
-    b, t, h, w, f = fields.shape
-    return fields.permute(0, 1, 4, 2, 3).reshape(b, t * f, h, w)
+    """(B, T, H, W, C) -> (B, T*C, H, W): time steps and channels stacked as channels, as FNO wants."""
+    b, t, h, w, c = fields.shape
+    return fields.permute(0, 1, 4, 2, 3).reshape(b, t * c, h, w)
 
 
 def batch_to_model(batch: dict, device, non_blocking: bool = False):
-    """A WellDataset batch -> (inputs (B, T*F, H, W), target (B, F, H, W)) on `device`."""
-    x = to_channels(batch["input_fields"]).to(device, non_blocking=non_blocking)
-    y = to_channels(batch["output_fields"][:, :1]).to(device, non_blocking=non_blocking)
-    return x, y
+    """A WellDataset batch -> (inputs (B, T*C, H, W), target (B, C, H, W)) on `device`.
+
+    Copy first, change the layout after, on the device: `.to()` then gets the DataLoader's own
+    tensors, which are page-locked with pin_memory=True, so a non_blocking copy is asynchronous.
+    Permuting on the host first would hand `.to()` a new pageable tensor: a synchronous copy.
+    """
+    inputs = batch["input_fields"].to(device, non_blocking=non_blocking)
+    outputs = batch["output_fields"].to(device, non_blocking=non_blocking)
+    return to_channels(inputs), to_channels(outputs[:, :1])
 
 
 def load_stats(dataset_dir: Path) -> dict:

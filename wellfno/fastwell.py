@@ -1,7 +1,7 @@
 """A faster reader for The Well: the samples of `WellDataset`, without its per-item overhead.
 
-`FastWellDataset(dataset_dir, split, n_steps_input)` yields exactly what
-`wellfno.data.well_datasets` builds from the_well's `WellDataset` (n_steps_output=1,
+`FastWellDataset(path=..., well_split_name=..., n_steps_input=...)` takes WellDataset's
+arguments and yields exactly what the_well's `WellDataset` yields with them (n_steps_output=1,
 z-score normalization, return_grid=False, boundary_return_type=None): the same
 samples in the same order, with the same keys, dtypes, shapes and values, bit for
 bit (the normalization is the same float32 `(x - mean) / std`, only applied to
@@ -49,12 +49,18 @@ class FastWellDataset(Dataset):
     "constant_scalars": (S,)} (the last only if the files have constant scalars).
     """
 
-    def __init__(self, dataset_dir: str | Path, split: str = "train", n_steps_input: int = 1,
-                 n_steps_output: int = 1, use_normalization: bool = True, min_std: float = 1e-4):
+    def __init__(self, path: str | Path, well_split_name: str = "train", n_steps_input: int = 1,
+                 n_steps_output: int = 1, use_normalization: bool = True, normalization_type=None,
+                 return_grid: bool = False, boundary_return_type: str | None = None, min_std: float = 1e-4):
+        """WellDataset's arguments (the ones the course uses), so it is a drop-in for `WellDataset(...)`."""
         from the_well.data.normalization import ZScoreNormalization
         from the_well.data.utils import raw_steps_to_possible_sample_t0s
 
-        self.dataset_dir = Path(dataset_dir)
+        if normalization_type not in (None, ZScoreNormalization) or return_grid or boundary_return_type is not None:
+            raise UserError("the fast reader does z-score normalization only, without grid or boundary "
+                            "conditions: drop --fast-reader to use the_well's WellDataset")
+        split = well_split_name
+        self.dataset_dir = Path(path)
         self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output
         self.window = n_steps_input + n_steps_output
         self.files_paths = [str(path) for path in split_files(self.dataset_dir, split)]  # WellDataset's order
