@@ -199,3 +199,20 @@ def test_threads_benchmark_bad_options_are_one_line(args, match, tmp_path):
     from profiling import threads
     with pytest.raises(UserError, match=match):
         threads.main(["--data-dir", str(tmp_path), *args])
+
+
+@pytest.mark.slow
+def test_overhead_times_every_step_of_the_solutions_loop(tiny_data_dir, tmp_path):
+    """profiling/overhead.py drives solutions/01_profiling's train_one_epoch; each step is timed in both modes."""
+    from profiling import overhead
+    (tmp_path / "fno.py").write_text("")
+    overhead.main(["--data-dir", str(tiny_data_dir), "--batch-size", "2", "--wait", "2", "--warmup", "1",
+                   "--active", "1", "--after", "1", "--repeats", "1",
+                   "--results", str(tmp_path / "results" / "profiling_overhead.json")])
+    data = results.read_result(tmp_path / "results" / "profiling_overhead.json")["data"]
+    # wait + warmup + active + after = 5 steps in each mode, every one timed by the stand-in clock
+    assert [len(run) for run in data["step_seconds"]["plain"]] == [5]
+    assert [len(run) for run in data["step_seconds"]["profiled"]] == [5]
+    assert data["before"]["ratio"] == pytest.approx(data["before"]["profiled_steps_per_s"]
+                                                    / data["before"]["plain_steps_per_s"])
+    assert "| before the window (wait) |" in results.overhead_table(tmp_path)
