@@ -608,7 +608,7 @@ def test_slurm_every_job_hands_each_task_its_devices(slurm_gpus, slurm_data, tmp
         assert "--workers" in probes["03_affinity_report"]["0"][0]["argv"], "report.py must look at the GPU"
         (node,) = probes["00_gpu_check"]["1"]
         assert sorted(_gpu_ids(node, vendor)) == ["0", "1"] and len(node["cpus"]) == 2, node
-        assert node["argv"][-3:-1] == ["node", "--out"] or "node" in node["argv"]
+        assert node["argv"][1:4] == ["-m", "wellfno.gpucheck", "node"] and "--pytest" in node["argv"], node["argv"]
 
 
 def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
