@@ -6,7 +6,8 @@
 Each rank's trace uses its own process ids, and two ranks on one node both call their GPU
 "device 0" (pid 0): copied as they are, Perfetto would draw both ranks into the same tracks.
 Every (rank, pid) gets a pid of its own, named "rank R: <process name>", sorted by rank;
-flow arrow ids are made unique per rank.
+flow arrow ids and the correlation / External ids that link a kernel to its launch are made
+unique per rank, so the merged trace still says which host call launched each kernel.
 
 Time: torch writes `ts` in microseconds against the trace's `baseTimeNanoseconds`. `--align clock`
 (default) puts all ranks on that shared wall clock (fine on one node, and across nodes whose clocks
@@ -25,6 +26,7 @@ from wellfno.cli import UserError, atomic_write_bytes, run_main
 
 PID_STRIDE = 1 << 32  # above any OS pid or device index
 FLOW_STRIDE = 1 << 40
+LINK_IDS = ("correlation", "External id")
 
 
 def merge(loaded: list[tuple[int, dict]], align: str = "clock") -> dict:
@@ -62,6 +64,9 @@ def merge(loaded: list[tuple[int, dict]], align: str = "clock") -> dict:
                 e["ts"] = e["ts"] + offsets[rank] - origin if e.get("ph") != "M" else 0
             if e.get("ph") in ("s", "t", "f") and isinstance(e.get("id"), int):
                 e["id"] = rank * FLOW_STRIDE + e["id"]
+            if isinstance(e.get("args"), dict) and any(isinstance(e["args"].get(k), int) for k in LINK_IDS):
+                e["args"] = {k: rank * FLOW_STRIDE + v if k in LINK_IDS and isinstance(v, int) else v
+                             for k, v in e["args"].items()}
             events.append(e)
         for pid, merged_pid in new_pid.items():
             events.append(dict(ph="M", name="process_name", pid=merged_pid, tid=0,
@@ -72,6 +77,20 @@ def merge(loaded: list[tuple[int, dict]], align: str = "clock") -> dict:
     return dict(schemaVersion=first.get("schemaVersion", 1), displayTimeUnit="ms",
                 deviceProperties=first.get("deviceProperties", []),
                 mergedRanks=sorted(ranks), alignment=align, traceEvents=events)
+
+
+def split(trace: dict) -> list[tuple[int, dict]]:
+    """A merged trace back into [(rank, trace), ...] (by the pid ranges merge() gave each rank);
+    a trace of one rank as [(its rank, itself)]. So the tools read merged files rank by rank."""
+    if "mergedRanks" not in trace:
+        return [(traces.rank_of(trace), trace)]
+    events = {rank: [] for rank in trace["mergedRanks"]}
+    for e in trace["traceEvents"]:
+        if isinstance(e.get("pid"), int) and e["pid"] // PID_STRIDE in events:
+            events[e["pid"] // PID_STRIDE].append(e)
+    header = {k: v for k, v in trace.items() if k not in ("traceEvents", "mergedRanks")}
+    return [(rank, dict(header, traceEvents=rank_events, distributedInfo={"rank": rank}))
+            for rank, rank_events in events.items()]
 
 
 def main(argv=None):

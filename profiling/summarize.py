@@ -5,11 +5,16 @@
 Per ProfilerStep#N (host thread that called prof.step()): milliseconds in data_wait, h2d_copy,
 forward, backward, optimizer (the record_function ranges, matched by name: see traces.KEYWORDS)
 and `rest` = the part of the step no labelled range covers (loss.item(), logging, prof.step()).
-The parts add up to the step.
+The parts add up to the step. Next to them: `syncs/step`, the host syncs of the step (read-backs
+such as .item(), blocking synchronize calls, device-to-host copies: profiling/syncs.py), and, when
+the run communicates, the collectives of the step, their time, and how much of it overlaps with
+backward compute (profiling/comms.py).
 
-When the trace has device kernels it also prints the GPU busy fraction per step (union of
-kernels, memcpys and memsets on all streams during the step, over the step) and
-HolisticTraceAnalysis's temporal breakdown (idle / compute / non-compute GPU time).
+When the trace has device work it also prints, per step, the device time (kernels, copies, fills)
+launched by each part: a kernel belongs to the part whose host code launched it (linked by
+correlation id), not to whatever host range happens to run while it executes. Then the GPU busy
+fraction per step (union of kernels, memcpys and memsets on all streams during the step, over the
+step) and HolisticTraceAnalysis's temporal breakdown (idle / compute / non-compute GPU time).
 
 How this is computed, and why not all with HTA: HTA (HolisticTraceAnalysis) answers GPU
 questions (idle time, kernel breakdown, communication overlap) and is used here for those.
@@ -24,8 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 
 
-from profiling import traces
-from profiling.traces import PARTS
+from profiling import comms, merge_traces, syncs, traces
+from profiling.traces import DEVICE_CATEGORIES, PARTS
 from wellfno.cli import atomic_write_json, run_main
 
 COLUMNS = (*PARTS, "rest")
@@ -51,6 +56,39 @@ def step_breakdown(trace: dict) -> list[dict]:
     return rows
 
 
+def device_breakdown(trace: dict) -> list[dict] | None:
+    """Per step: ms of kernels, copies (gpu_memcpy) and fills (gpu_memset) launched by each part,
+    and host ms in runtime calls (cudaLaunchKernel, hipMemcpyWithStream, ...) per part; None without
+    device work.
+
+    Each device event goes to the step and part in which its runtime call was made (the launch);
+    `unlinked` counts the device events of the step whose launch is not in the trace.
+    """
+    linked = [(e, launcher) for e, launcher in traces.launches(trace) if traces.category(e) in DEVICE_CATEGORIES]
+    if not linked:
+        return None
+    where = traces.StepLocator(trace)
+    rows = {traces.step_number(s): dict(step=traces.step_number(s), unlinked=0,
+                                        **{kind: dict.fromkeys(COLUMNS, 0.0) for kind in (*DEVICE_CATEGORIES,
+                                                                                          "runtime")})
+            for s in where.steps}
+    for e, launcher in linked:
+        if launcher is None:
+            step = where.step_of(e["ts"])
+            if step is not None:
+                rows[step]["unlinked"] += 1
+            continue
+        step = where.step_of(launcher["ts"])
+        if step is not None:
+            rows[step][traces.category(e)][where.part_of(launcher["ts"])] += e["dur"] / 1e3
+    for e in traces.complete_events(trace):
+        if traces.category(e) in traces.RUNTIME_CATEGORIES:
+            step = where.step_of(e["ts"])
+            if step is not None:
+                rows[step]["runtime"][where.part_of(e["ts"])] += e["dur"] / 1e3
+    return list(rows.values())
+
+
 def gpu_busy(trace: dict) -> list[dict] | None:
     """Per step: fraction of the step's wall time with device work on any stream; None without kernels."""
     device = traces.device_events(trace)
@@ -73,7 +111,7 @@ def top_operators(trace: dict, n: int = 10) -> dict[str, list[dict]]:
     self_us, count = defaultdict(float), defaultdict(int)
     by_thread = defaultdict(list)
     for e in events:
-        if e.get("cat") == "cpu_op":
+        if traces.category(e) == "cpu_op":
             by_thread[(e.get("pid"), e.get("tid"))].append(e)
     for ops in by_thread.values():
         stack = []
@@ -88,7 +126,7 @@ def top_operators(trace: dict, n: int = 10) -> dict[str, list[dict]]:
     host = [dict(name=k, self_ms=v / 1e3, calls=count[k]) for k, v in self_us.items()]
     kernel_us, kernel_count = defaultdict(float), defaultdict(int)
     for e in events:
-        if e.get("cat", "").lower() in traces.DEVICE_CATEGORIES:
+        if traces.category(e) in DEVICE_CATEGORIES:
             kernel_us[e["name"]] += e["dur"]
             kernel_count[e["name"]] += 1
     device = [dict(name=k, self_ms=v / 1e3, calls=kernel_count[k]) for k, v in kernel_us.items()]
@@ -111,32 +149,63 @@ def hta_temporal_breakdown(path: Path):
 
 
 def summarize(trace: dict, top: int = 10) -> dict:
-    return dict(steps=step_breakdown(trace), gpu_busy=gpu_busy(trace), top=top_operators(trace, top))
+    steps = step_breakdown(trace)
+    sync_rows = {r["step"]: r for r in syncs.host_syncs_per_step(trace)}
+    comm_rows = {r["step"]: r for r in comms.communication(trace)}
+    for row in steps:
+        row["syncs"] = sync_rows[row["step"]]["syncs"]
+        row["syncs_where"] = sync_rows[row["step"]]["where"]
+        row.update({k: comm_rows[row["step"]][k] for k in ("collectives", "comm_ms", "overlap_ms")})
+    return dict(steps=steps, device=device_breakdown(trace), gpu_busy=gpu_busy(trace),
+                top=top_operators(trace, top))
 
 
 def format_steps(rows: list[dict]) -> str:
-    header = f"{'step':>6} {'total ms':>9} " + " ".join(f"{c:>10}" for c in COLUMNS)
+    communicates = any(r["collectives"] or r["comm_ms"] for r in rows)
+    extra = ("syncs/step", *(("collectives", "comm ms", "overlap %") if communicates else ()))
+    header = f"{'step':>6} {'total ms':>9} " + " ".join(f"{c:>10}" for c in (*COLUMNS, *extra))
     lines = [header]
     for r in rows:
-        lines.append(f"{'#' + str(r['step']):>6} {r['total']:9.1f} " + " ".join(f"{r[c]:10.1f}" for c in COLUMNS))
+        line = f"{'#' + str(r['step']):>6} {r['total']:9.1f} " + " ".join(f"{r[c]:10.1f}" for c in COLUMNS)
+        line += f" {r['syncs']:10d}"
+        if communicates:
+            share = f"{100 * r['overlap_ms'] / r['comm_ms']:9.0f}%" if r["comm_ms"] else f"{'-':>10}"
+            line += f" {r['collectives']:11d} {r['comm_ms']:10.1f} {share}"
+        lines.append(line)
     total = sum(r["total"] for r in rows)
     lines.append(f"{'share':>6} {'':>9} " + " ".join(f"{100 * sum(r[c] for r in rows) / total:9.1f}%"
                                                        for c in COLUMNS))
     return "\n".join(lines)
 
 
-def print_summary(path: str | Path, top: int = 10) -> dict:
-    """Load a trace file, print its summary; return the loaded trace (to draw it without reading it again)."""
-    path = Path(path)
-    trace = traces.load(path)
-    result = summarize(trace, top)
-    print("Time per profiled step (ms; the parts add up to the step):")
+def format_device(rows: list[dict]) -> str:
+    header = f"{'step':>6} " + " ".join(f"{c:>10}" for c in COLUMNS) + f" {'copies':>10} {'runtime':>10}"
+    lines = [header]
+    for r in rows:
+        device = {c: sum(r[kind][c] for kind in DEVICE_CATEGORIES) for c in COLUMNS}
+        lines.append(f"{'#' + str(r['step']):>6} " + " ".join(f"{device[c]:10.2f}" for c in COLUMNS)
+                     + f" {sum(r['gpu_memcpy'].values()):10.2f} {sum(r['runtime'].values()):10.2f}"
+                     + (f"  ({r['unlinked']} device events without their launch)" if r["unlinked"] else ""))
+    return "\n".join(lines)
+
+
+def print_result(result: dict, path: Path | None) -> None:
+    """Print one rank's summary; `path`: its own trace file, for HolisticTraceAnalysis (None: skip HTA)."""
+    print("Time per profiled step (ms; the parts add up to the step; syncs/step: host syncs, see profiling/syncs.py):")
     print(format_steps(result["steps"]))
+    for row in result["steps"]:
+        if row["syncs_where"]:
+            print(f"  #{row['step']} syncs in: " + ", ".join(f"{name} x{n}" for name, n in row["syncs_where"].items()))
+    if result["device"] is not None:
+        print("Device time launched by each part (ms of kernels + copies + fills, by the part whose host code "
+              "launched them; copies: of which memcpy; runtime: host ms in runtime calls):")
+        print(format_device(result["device"]))
     if result["gpu_busy"] is not None:
         print("GPU busy (device work on any stream / step wall time): " +
               "  ".join(f"#{r['step']} {100 * r['busy']:.0f}%" for r in result["gpu_busy"]))
-        print("HolisticTraceAnalysis temporal breakdown (whole trace):")
-        print(hta_temporal_breakdown(path))
+        if path is not None:
+            print("HolisticTraceAnalysis temporal breakdown (whole trace):")
+            print(hta_temporal_breakdown(path))
     else:
         print("No device kernels in this trace (CPU run): no GPU busy fraction.")
     for kind in ("device", "host"):
@@ -144,7 +213,29 @@ def print_summary(path: str | Path, top: int = 10) -> dict:
             print(f"Top {kind} operators by self time in the profiled steps:")
             for r in result["top"][kind]:
                 print(f"  {r['self_ms']:9.2f} ms  {r['calls']:5d} calls  {r['name'][:90]}")
-    return trace
+
+
+def report(path: str | Path, top: int = 10) -> tuple[dict, dict]:
+    """Load a trace file and print its summary: (trace, summary). A trace merged by merge_traces.py
+    is summarized rank by rank: summary = {"ranks": {rank: summary}}."""
+    path = Path(path)
+    trace = traces.load(path)
+    ranks = merge_traces.split(trace)
+    if len(ranks) == 1 and "mergedRanks" not in trace:
+        result = summarize(trace, top)
+        print_result(result, path)
+        return trace, result
+    results = {}
+    for rank, rank_trace in ranks:
+        print(f"=== rank {rank}")
+        results[rank] = summarize(rank_trace, top)
+        print_result(results[rank], None)  # HTA reads one file per rank: run it on the rank files
+    return trace, dict(ranks=results)
+
+
+def print_summary(path: str | Path, top: int = 10) -> dict:
+    """Load a trace file, print its summary; return the loaded trace (to draw it without reading it again)."""
+    return report(path, top)[0]
 
 
 def main(argv=None):
@@ -153,9 +244,9 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=10, help="operators to list")
     p.add_argument("--json", help="also write the summary to this JSON file")
     args = p.parse_args(argv)
-    trace = print_summary(args.trace, args.top)
+    _, result = report(args.trace, args.top)
     if args.json:
-        atomic_write_json(args.json, summarize(trace, args.top))
+        atomic_write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@
 
 For people who cannot open Perfetto (no browser on the cluster, no way to copy the trace off).
 Labelled ranges (data_wait, h2d_copy, forward, backward, optimizer) are coloured by part;
-lanes without labels (autograd or loader threads, GPU streams) show their outermost
-operators or kernels in grey. Dashed lines mark the ProfilerStep#N boundaries.
+host lanes without labels (autograd or loader threads) show their outermost operators in grey.
+GPU lanes (one per device and stream) show device work only (kernels, copies, fills), each
+coloured by the part whose host code launched it; the ranges Kineto mirrors onto GPU lanes
+(gpu_user_annotation) are left out: drawn as bars they would make the GPU look busy between
+kernels. Dashed lines mark the ProfilerStep#N boundaries.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import argparse
 from pathlib import Path
 
 
-from profiling import traces
+from profiling import merge_traces, traces
 from wellfno.cli import run_main
 
 COLOURS = {"data_wait": "tab:red", "h2d_copy": "tab:orange", "forward": "tab:blue", "backward": "tab:green",
@@ -21,14 +24,52 @@ COLOURS = {"data_wait": "tab:red", "h2d_copy": "tab:orange", "forward": "tab:blu
 
 
 def lane_names(trace: dict) -> dict:
-    """(pid, tid) -> name from the thread_name/process_name metadata, e.g. 'python 1234 / thread 1234'."""
-    process, thread = {}, {}
+    """(pid, tid) -> a short lane name from the metadata: 'thread 1102 (pt_main_thread)', 'GPU 0 stream 7'."""
+    labels, thread = {}, {}
     for e in trace["traceEvents"]:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            process[e.get("pid")] = e.get("args", {}).get("name", "")
+        if e.get("ph") == "M" and e.get("name") == "process_labels":
+            labels[e.get("pid")] = e.get("args", {}).get("labels", "")
         if e.get("ph") == "M" and e.get("name") == "thread_name":
-            thread[(e.get("pid"), e.get("tid"))] = e.get("args", {}).get("name", "")
-    return {key: f"{process.get(key[0], key[0])} / {name}" for key, name in thread.items()}
+            thread[(e.get("pid"), e.get("tid"))] = e.get("args", {}).get("name", "").strip()
+    return {key: f"{labels[key[0]]} {name}" if labels.get(key[0], "").startswith("GPU") else name
+            for key, name in thread.items()}
+
+
+def lanes(trace: dict) -> list[dict]:
+    """What each lane shows in the profiled window: dict(key=(pid, tid), rank, device, bars=[(event, part)]).
+
+    Order: per rank (a trace merged by merge_traces.py holds several), the stepping thread, the other
+    host threads, then the device streams.
+    """
+    return [lane for rank, rank_trace in merge_traces.split(trace) for lane in _rank_lanes(rank_trace, rank)]
+
+
+def _rank_lanes(trace: dict, rank: int) -> list[dict]:
+    steps = traces.profiler_steps(trace)
+    t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
+    main_lane = (steps[0].get("pid"), steps[0].get("tid"))
+    where = traces.StepLocator(trace)
+    launched_by = {id(e): where.part_of(launcher["ts"]) for e, launcher in traces.launches(trace) if launcher}
+    host, device = {}, {}
+    for e in traces.complete_events(trace):
+        if not (e["ts"] < t1 and e["ts"] + e["dur"] > t0) or traces.STEP_RE.match(str(e.get("name", ""))):
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        if traces.category(e) in traces.DEVICE_CATEGORIES:
+            device.setdefault(key, []).append(e)
+        elif traces.is_host(e) and traces.category(e) != "trace":  # Trace: one event for the whole window
+            host.setdefault(key, []).append(e)
+    result = []
+    for key in sorted(host, key=lambda k: (k != main_lane, str(k))):
+        # The stepping thread: its labelled ranges. Other threads (autograd, communication, loader):
+        # whatever is outermost there, coloured where it is a labelled range of a known part.
+        shown = traces.labelled_ranges(trace, *key) if key == main_lane else traces.outermost(host[key])
+        result.append(dict(key=key, rank=rank, device=False, bars=[
+            (e, traces.part_of(e["name"]) if traces.category(e) == traces.HOST_RANGE else None) for e in shown]))
+    for key in sorted(device, key=str):
+        shown = [(e, launched_by.get(id(e))) for e in traces.outermost(device[key])]
+        result.append(dict(key=key, rank=rank, device=True, bars=[(e, None if p == "rest" else p) for e, p in shown]))
+    return result
 
 
 def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | None = None) -> Path:
@@ -41,33 +82,28 @@ def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | No
     trace_path = Path(trace_path)
     png = Path(png) if png else trace_path.with_name(trace_path.name.split(".json")[0] + "_timeline.png")
     trace = trace or traces.load(trace_path)
-    steps = traces.profiler_steps(trace)
-    t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
-    main_lane = (steps[0]["pid"], steps[0]["tid"])
-    window = [e for e in traces.complete_events(trace) if e["ts"] < t1 and e["ts"] + e["dur"] > t0
-              and not traces.STEP_RE.match(str(e.get("name", ""))) and e.get("cat") != "Trace"]  # Trace: whole window
-    lanes = {}
-    for e in window:
-        lanes.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    # The stepping thread first, then other host threads, then device streams.
-    device_pids = {e.get("pid") for e in traces.device_events(trace)}
-    order = sorted(lanes, key=lambda k: (k != main_lane, k[0] in device_pids, str(k)))
+    all_steps = traces.profiler_steps(trace)
+    steps = traces.profiler_steps(merge_traces.split(trace)[0][1])  # the boundaries drawn: the first rank's
+    t0, t1 = min(s["ts"] for s in all_steps), max(s["ts"] + s["dur"] for s in all_steps)
+    order = lanes(trace)
     names = lane_names(trace)
+    merged = "mergedRanks" in trace
 
     fig, ax = plt.subplots(figsize=(12, 1.6 + 0.5 * max(len(order), 3)))
-    for row, key in enumerate(order):
-        labelled = [e for e in lanes[key] if e.get("cat") == "user_annotation"]
-        shown = traces.labelled_ranges(trace, *key) if labelled else traces.outermost(lanes[key])
-        for e in shown:
-            part = traces.part_of(e["name"]) if e.get("cat") == "user_annotation" else None
-            ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (row - 0.4, 0.8),
-                           facecolors=COLOURS[part], edgecolor="none")
+    for row, lane in enumerate(order):
+        by_part = {}  # one collection per colour and lane: a GPU lane holds thousands of kernels
+        for e, part in lane["bars"]:
+            by_part.setdefault(part, []).append(((e["ts"] - t0) / 1e3, e["dur"] / 1e3))
+        for part, bars in by_part.items():
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLOURS[part], edgecolor="none")
     for step in steps:
         x = (step["ts"] - t0) / 1e3
         ax.axvline(x, color="k", linestyle="--", linewidth=0.7)
         ax.text(x, 1.0, f" #{traces.step_number(step)}", fontsize=8, va="bottom", transform=ax.get_xaxis_transform())
     ax.set_yticks(range(len(order)))
-    ax.set_yticklabels([names.get(k, f"pid {k[0]} / tid {k[1]}")[:40] for k in order], fontsize=8)
+    ax.set_yticklabels([(f"rank {lane['rank']} " if merged else "")
+                        + names.get(lane["key"], f"pid {lane['key'][0]} / tid {lane['key'][1]}")[:40]
+                        for lane in order], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, (t1 - t0) / 1e3)
     ax.set_xlabel("ms since the first profiled step")

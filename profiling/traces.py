@@ -1,14 +1,34 @@
-"""Read and write torch.profiler Chrome traces; find the profiled steps and the labelled ranges in them.
+"""Read and write torch.profiler Chrome traces; find the profiled steps, the labelled ranges, and which
+host call launched each piece of device work.
 
-A Chrome trace is plain JSON: {"traceEvents": [...], ...}. The events used here:
-  ph "X" (complete event: ts and dur in microseconds, pid, tid, name, cat)
-    cat "user_annotation"      record_function ranges, ProfilerStep#N included (host threads)
-    cat "cpu_op"               aten operators (host threads)
-    cat "kernel", "gpu_memcpy", "gpu_memset"   device work; pid = device, tid = stream
-  ph "M" metadata (process_name, thread_name), ph "s"/"f" flow arrows (id), ph "i" instants.
+A Chrome trace is plain JSON: {"traceEvents": [...], ...}. torch.profiler writes it through Kineto,
+whose event categories are the same on NVIDIA (CUPTI) and AMD (roctracer / rocprofiler) GPUs:
+  ph "X" (complete event: ts and dur in microseconds, pid, tid, name, cat, args)
+    "user_annotation"       record_function ranges, ProfilerStep#N included (host threads)
+    "gpu_user_annotation"   the same ranges mirrored on a GPU lane (CUDA and ROCm traces): NOT steps,
+                            NOT device work; counting them made every step appear twice
+    "cpu_op"                aten operators (host threads)
+    "cuda_runtime", "cuda_driver"   runtime/driver API calls on the host: cudaLaunchKernel, ... and on
+                            ROCm the hip* calls (hipLaunchKernel, hipMemcpyWithStream, ...) under the
+                            same category
+    "kernel", "gpu_memcpy", "gpu_memset"   device work; pid = device, tid = stream
+    "cuda_sync"             CUPTI synchronization records (Stream Sync, Context Sync, Event Sync,
+                            Stream Wait Event) drawn on the GPU lane
+  ph "s"/"f" cat "ac2g"     flow arrow from a runtime call ("s") to the device work it launched ("f"),
+                            id = the correlation id
+  ph "M" metadata (process_name, thread_name), ph "i" instants.
+Device work and its runtime call carry the same args["correlation"]; the runtime call and the aten
+op that made it share args["External id"]. Sources: Kineto's category names,
+https://github.com/pytorch/kineto/blob/main/libkineto/src/ActivityType.cpp ; ROCm runtime calls as
+CUDA_RUNTIME and copies/fills/kernels as GPU_MEMCPY/GPU_MEMSET/CONCURRENT_KERNEL,
+https://github.com/pytorch/kineto/blob/main/libkineto/src/RoctracerActivity.h (and _inl.h: which hip*
+calls start a flow). HolisticTraceAnalysis links a kernel to its launch the same way ("the correlation
+in the trace is a reference ID which links a Cuda kernel launch and the cuda kernel",
+https://github.com/facebookresearch/HolisticTraceAnalysis/blob/main/hta/common/trace.py).
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
@@ -29,7 +49,14 @@ KEYWORDS = {
     "optimizer": ("optimizer",),
     "data_wait": ("data", "batch", "wait", "load"),
 }
+HOST_RANGE = "user_annotation"
+DEVICE_RANGE = "gpu_user_annotation"
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
+SYNC_CATEGORY = "cuda_sync"
+FLOW_CATEGORY = "ac2g"
+# Events that live on a GPU lane (pid = device): never host time, never a step.
+DEVICE_LANE_CATEGORIES = (*DEVICE_CATEGORIES, DEVICE_RANGE, SYNC_CATEGORY)
 STEP_RE = re.compile(r"ProfilerStep#(\d+)$")
 
 
@@ -83,9 +110,21 @@ def complete_events(trace: dict) -> list[dict]:
     return [e for e in trace["traceEvents"] if e.get("ph") == "X" and "ts" in e and "dur" in e]
 
 
+def category(event: dict) -> str:
+    return str(event.get("cat", "")).lower()
+
+
+def is_host(event: dict) -> bool:
+    return category(event) not in DEVICE_LANE_CATEGORIES
+
+
 def profiler_steps(trace: dict) -> list[dict]:
-    """The ProfilerStep#N events, in step order; UserError if there are none."""
-    steps = [e for e in complete_events(trace) if STEP_RE.match(str(e.get("name", "")))]
+    """The ProfilerStep#N events of the host, in step order; UserError if there are none.
+
+    On GPU traces Kineto mirrors each ProfilerStep onto the GPU lane as gpu_user_annotation:
+    the host's event defines the step, the mirror is ignored.
+    """
+    steps = [e for e in complete_events(trace) if STEP_RE.match(str(e.get("name", ""))) and is_host(e)]
     if not steps:
         raise UserError("the trace has no ProfilerStep#N events: profile with a schedule and call prof.step() "
                         "once per training step")
@@ -113,7 +152,7 @@ def labelled_ranges(trace: dict, pid, tid) -> list[dict]:
     the time twice.
     """
     return outermost(e for e in complete_events(trace)
-                     if e.get("cat") == "user_annotation" and e.get("pid") == pid and e.get("tid") == tid
+                     if category(e) == HOST_RANGE and e.get("pid") == pid and e.get("tid") == tid
                      and not STEP_RE.match(str(e.get("name", ""))))
 
 
@@ -132,13 +171,138 @@ def union_length(intervals) -> float:
     return total
 
 
+def merged(intervals) -> list[tuple[float, float]]:
+    """(start, end) intervals as a sorted list of disjoint ones covering the same time."""
+    out = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def intersection(a, b) -> list[tuple[float, float]]:
+    """The time covered by both sets of intervals."""
+    a, b, out, i, j = merged(a), merged(b), [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def difference(a, b) -> list[tuple[float, float]]:
+    """The time covered by `a` and not by `b`."""
+    out, b = [], merged(b)
+    for start, end in merged(a):
+        for lo, hi in b:
+            if hi <= start or lo >= end:
+                continue
+            if lo > start:
+                out.append((start, lo))
+            start = max(start, hi)
+        if end > start:
+            out.append((start, end))
+    return out
+
+
+def span(event: dict) -> tuple[float, float]:
+    return event["ts"], event["ts"] + event["dur"]
+
+
 def clip(event: dict, start: float, end: float) -> tuple[float, float] | None:
     lo, hi = max(event["ts"], start), min(event["ts"] + event["dur"], end)
     return (lo, hi) if hi > lo else None
 
 
 def device_events(trace: dict) -> list[dict]:
-    return [e for e in complete_events(trace) if e.get("cat", "").lower() in DEVICE_CATEGORIES]
+    """Kernels, copies and fills: the work a GPU did (never the mirrored gpu_user_annotation ranges)."""
+    return [e for e in complete_events(trace) if category(e) in DEVICE_CATEGORIES]
+
+
+def launches(trace: dict) -> list[tuple[dict, dict | None]]:
+    """(device-side event, the host runtime call that launched it, or None) for every kernel, copy,
+    fill and cuda_sync record.
+
+    The link is the correlation id, in the device event's args ("correlation") or, where a build
+    writes no args for device work (Kineto's roctracer path leaves them empty), through the ac2g
+    flow arrow that ends on the device event. Time overlap is no link: a kernel runs long after,
+    and on another lane than, the host range that launched it.
+    """
+    events = complete_events(trace)
+    runtime = [e for e in events if category(e) in RUNTIME_CATEGORIES]
+    by_correlation = {e["args"]["correlation"]: e for e in runtime
+                      if isinstance(e.get("args"), dict) and "correlation" in e["args"]}
+    by_place = {(e.get("pid"), e.get("tid"), e["ts"]): e for e in runtime}
+    flow_start, flow_end = {}, {}
+    for e in trace["traceEvents"]:
+        if category(e) == FLOW_CATEGORY and e.get("ph") in ("s", "f"):
+            place = (e.get("pid"), e.get("tid"), e.get("ts"))
+            if e["ph"] == "s":
+                flow_start[e.get("id")] = place
+            else:
+                flow_end[place] = e.get("id")
+    linked = []
+    for e in events:
+        if category(e) not in (*DEVICE_CATEGORIES, SYNC_CATEGORY):
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        launcher = by_correlation.get(args.get("correlation"))
+        if launcher is None:
+            flow = flow_end.get((e.get("pid"), e.get("tid"), e["ts"]))
+            launcher = by_correlation.get(flow) or by_place.get(flow_start.get(flow))
+        linked.append((e, launcher))
+    return linked
+
+
+class StepLocator:
+    """Which profiled step, and which part of it, a host timestamp falls in.
+
+    Parts are the outermost labelled ranges of the thread that calls prof.step(): time on any
+    other host thread (the autograd thread that runs backward on GPUs, a launcher thread) is
+    attributed to what the stepping thread was doing at that moment.
+    """
+
+    def __init__(self, trace: dict):
+        self.steps = profiler_steps(trace)
+        lane = (self.steps[0].get("pid"), self.steps[0].get("tid"))
+        self.ranges = labelled_ranges(trace, *lane)
+        self._starts = [e["ts"] for e in self.ranges]
+
+    def step_of(self, ts: float) -> int | None:
+        for step in self.steps:
+            if step["ts"] <= ts < step["ts"] + step["dur"]:
+                return step_number(step)
+        return None
+
+    def part_of(self, ts: float) -> str:
+        """A part of PARTS, or "rest" (no labelled range, or one whose name matches no part)."""
+        i = bisect.bisect_right(self._starts, ts) - 1
+        if i >= 0 and ts < self.ranges[i]["ts"] + self.ranges[i]["dur"]:
+            return part_of(self.ranges[i]["name"]) or "rest"
+        return "rest"
+
+
+def key_averages_sort_key(device) -> str:
+    """The `sort_by` for prof.key_averages().table() that the running torch knows.
+
+    Self device time is `self_device_time_total` in torch from 2024 on (the old name then warns:
+    https://github.com/pyg-team/pytorch_geometric/pull/9616) and `self_cuda_time_total` before,
+    where the new name raises AttributeError. On CPU: self CPU time.
+    """
+    if getattr(device, "type", str(device)) == "cpu":
+        return "self_cpu_time_total"
+    from torch.autograd.profiler_util import FunctionEventAvg
+
+    return "self_device_time_total" if hasattr(FunctionEventAvg(), "self_device_time_total") \
+        else "self_cuda_time_total"
 
 
 def rank_of(trace: dict, path: str | os.PathLike | None = None, default: int = 0) -> int:

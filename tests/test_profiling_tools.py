@@ -1,5 +1,6 @@
 """profiling/: summary, timeline and merge on real torch.profiler traces (made in-process, tiny) and
 on hand-written GPU traces whose answers are known."""
+import contextlib
 import gzip
 import json
 import time
@@ -9,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from tests.conftest import run_script
-from profiling import merge_traces, summarize, timeline, traces
+from profiling import comms, merge_traces, summarize, syncs, timeline, traces
 
 ACTIVE = 3
 
@@ -158,3 +159,106 @@ def test_bad_input_is_one_error_line(tool, tmp_path):
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
         assert says in lines[0]
+
+
+def profile_adam_loop(path, read_loss: bool):
+    """5 steps of a tiny model with Adam (which reads its CPU step counter with .item() inside
+    Optimizer.step#Adam.step), the last 3 recorded; `read_loss`: loss.item() once per step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1),
+                 on_trace_ready=lambda p: traces.save(p, path)) as prof:
+        for _ in range(5):
+            with record_function("forward"):
+                loss = model(torch.randn(8, 16)).pow(2).mean()
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            if read_loss:
+                float(loss.item())
+            prof.step()
+    return traces.load(path)
+
+
+def test_host_syncs_per_step_count_read_backs_but_not_adams_counter(tmp_path):
+    with_item = profile_adam_loop(tmp_path / "item.json.gz", read_loss=True)
+    without = profile_adam_loop(tmp_path / "none.json.gz", read_loss=False)
+    # Adam's own .item() is in the trace, inside its Optimizer.step# range, in both loops ...
+    events = traces.complete_events(without)
+    optim = [e for e in events if e["name"].startswith("Optimizer.step#Adam.step")]
+    reads = [e for e in events if e["name"] == "aten::_local_scalar_dense"]
+    assert len(optim) == ACTIVE and reads
+    assert all(any(o["ts"] <= r["ts"] < o["ts"] + o["dur"] for o in optim) for r in reads)
+    # ... and is not a sync; loss.item() is, once per step.
+    assert [r["syncs"] for r in syncs.host_syncs_per_step(without)] == [0] * ACTIVE
+    rows = syncs.host_syncs_per_step(with_item)
+    assert [r["syncs"] for r in rows] == [1] * ACTIVE
+    assert all(r["where"] == {"aten::item": 1} for r in rows)
+    summary = summarize.summarize(with_item)
+    assert [r["syncs"] for r in summary["steps"]] == [1] * ACTIVE
+
+
+def ddp_worker(rank, world_size, out):
+    """Rank of a 2-process gloo DDP run: 5 steps, the last 3 profiled, the middle one under no_sync()."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    # A file rendezvous: no port to race for with other test runs on the machine.
+    dist.init_process_group("gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.3)  # one layer per bucket
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1),
+                 on_trace_ready=lambda p: traces.save(p, out / f"trace_rank{rank}.json.gz", rank)) as prof:
+        for step in range(5):
+            x = torch.randn(64, 256)
+            # Step 3 accumulates gradients: DDP decides in forward whether backward all-reduces.
+            with ddp.no_sync() if step == 3 else contextlib.nullcontext():
+                with record_function("forward"):
+                    loss = ddp(x).pow(2).mean()
+                with record_function("backward"):
+                    loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            prof.step()
+    if rank == 0:  # DDP's own account of its buckets: one all-reduce per bucket and step
+        buckets = ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+        (out / "buckets.json").write_text(json.dumps(len(str(buckets).split(","))))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_communication_column_on_a_real_two_rank_gloo_ddp_run(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(ddp_worker, args=(2, tmp_path), nprocs=2)
+    buckets = json.loads((tmp_path / "buckets.json").read_text())
+    assert buckets >= 2
+    for rank in (0, 1):
+        trace = traces.load(tmp_path / f"trace_rank{rank}.json.gz")
+        rows = {r["step"]: r for r in comms.communication(trace)}
+        parts = {r["step"]: r for r in summarize.step_breakdown(trace)}
+        assert sorted(rows) == [2, 3, 4]
+        assert rows[3]["collectives"] == 0 and rows[3]["comm_ms"] == 0  # the no_sync() step
+        for step in (2, 4):
+            r = rows[step]
+            assert r["collectives"] == buckets and r["measured_on"] == "host"
+            assert r["comm_ms"] > 0 and 0 <= r["overlap_ms"] <= min(r["comm_ms"], parts[step]["backward"]) + 1e-9
+    result = run_script("profiling/summarize.py", tmp_path / "trace_rank1.json.gz")
+    assert result.returncode == 0, result.stderr
+    assert "collectives" in result.stdout and "overlap %" in result.stdout
+    out = tmp_path / "merged.json.gz"
+    result = run_script("profiling/merge_traces.py", *(tmp_path / f"trace_rank{r}.json.gz" for r in (0, 1)),
+                        "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert len(traces.profiler_steps(traces.load(out))) == 2 * ACTIVE
+    result = run_script("profiling/summarize.py", out, "--json", tmp_path / "merged_summary.json")
+    assert result.returncode == 0, result.stderr
+    assert "=== rank 0" in result.stdout and "=== rank 1" in result.stdout
+    by_rank = json.loads((tmp_path / "merged_summary.json").read_text())["ranks"]
+    assert [r["collectives"] for r in by_rank["1"]["steps"]] == [buckets, 0, buckets]

@@ -1,0 +1,140 @@
+"""Host syncs made visible: where the host stops and waits for (or reads back from) the device.
+
+A host sync is one of:
+  - `aten::_local_scalar_dense`: the op behind `.item()`, `float(t)`, `if t:`: a read-back of one
+    number. Inside the optimizer's own `Optimizer.step#...` range it is not counted when it touches
+    no device: Adam and friends keep their step counters on the CPU and read them with `.item()`;
+  - a blocking runtime call: cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize
+    (and their driver and HIP names);
+  - a `cuda_sync` record of CUPTI (Stream Sync, Context Sync, Event Sync; not "Stream Wait Event",
+    which makes one stream wait for another and never blocks the host);
+  - a device-to-host copy.
+One `.item()` on a GPU tensor shows up as several of these (the aten op, a DtoH memcpy, a
+cudaStreamSynchronize and its cuda_sync record). They are one sync: signals are grouped by the
+outermost host op (on the same thread) they happen in, or by the runtime call itself when no op
+encloses it (torch.cuda.synchronize()). So the count reads the same on CPU and GPU traces.
+
+Sources: the cuda_sync kinds are CUPTI's CUpti_ActivitySynchronizationType as Kineto names them
+(https://docs.nvidia.com/cupti/api/group__CUPTI__ACTIVITY__API.html); cudaMemcpyKind
+(https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html) and HIP's hipMemcpyKind
+share the value 2 for device-to-host.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter, defaultdict
+
+from profiling import traces
+
+READ_BACK_OP = "aten::_local_scalar_dense"
+SYNC_CALLS = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
+})
+NOT_BLOCKING_SYNC_KINDS = ("stream wait event",)
+OPTIMIZER_RANGE = re.compile(r"Optimizer\.step#")
+# cudaMemcpyKind / hipMemcpyKind: DeviceToHost is 2 in both runtimes.
+DEVICE_TO_HOST_KIND = 2
+
+
+def _is_device_to_host(copy: dict, launcher: dict | None) -> bool:
+    # CUDA names the copy "Memcpy DtoH (Device -> Pageable)"; ROCm builds write the direction
+    # spelled out or only as the runtime call's `kind`.
+    name = copy.get("name", "").replace(" ", "").lower()
+    if "dtoh" in name or "devicetohost" in name:
+        return True
+    kind = (launcher or {}).get("args", {}).get("kind")
+    return str(kind) in (str(DEVICE_TO_HOST_KIND), "hipMemcpyDeviceToHost", "cudaMemcpyDeviceToHost")
+
+
+class _Lanes:
+    """Per host thread: its outermost cpu ops and its Optimizer.step ranges, for lookups by time."""
+
+    def __init__(self, events):
+        ops, optim = defaultdict(list), defaultdict(list)
+        for e in events:
+            lane = (e.get("pid"), e.get("tid"))
+            if traces.category(e) == "cpu_op":
+                ops[lane].append(e)
+            elif traces.category(e) == traces.HOST_RANGE and OPTIMIZER_RANGE.match(str(e.get("name", ""))):
+                optim[lane].append(traces.span(e))
+        self.ops = {lane: traces.outermost(v) for lane, v in ops.items()}
+        self.starts = {lane: [e["ts"] for e in v] for lane, v in self.ops.items()}
+        self.optim = optim
+
+    def enclosing_op(self, lane, ts):
+        i = bisect.bisect_right(self.starts.get(lane, []), ts) - 1
+        if i >= 0:
+            op = self.ops[lane][i]
+            if ts < op["ts"] + op["dur"]:
+                return op
+        return None
+
+    def in_optimizer(self, lane, ts) -> bool:
+        return any(lo <= ts < hi for lo, hi in self.optim.get(lane, ()))
+
+
+def host_syncs(trace: dict) -> list[dict]:
+    """Every host sync in the trace, in time order: dict(ts, pid, tid, name, signals).
+
+    `name` is the host op (or runtime call) the sync happened in; `signals` the evidence, e.g.
+    ["aten::_local_scalar_dense", "cudaStreamSynchronize", "cuda_sync: Stream Sync", "DtoH copy"].
+    """
+    events = traces.complete_events(trace)
+    lanes = _Lanes(events)
+    signals = []  # (lane, ts, label, touches_device, fallback_name)
+    for e in events:
+        lane, cat, name = (e.get("pid"), e.get("tid")), traces.category(e), str(e.get("name", ""))
+        if cat == "cpu_op" and name == READ_BACK_OP:
+            signals.append((lane, e["ts"], READ_BACK_OP, False, name))
+        elif cat in traces.RUNTIME_CATEGORIES and name in SYNC_CALLS:
+            signals.append((lane, e["ts"], name, True, name))
+    for e, launcher in traces.launches(trace):
+        cat = traces.category(e)
+        if cat == traces.SYNC_CATEGORY:
+            kind = str(e.get("args", {}).get("cuda_sync_kind", e.get("name", "")))
+            if kind.lower() in NOT_BLOCKING_SYNC_KINDS:
+                continue
+            label = f"cuda_sync: {kind}"
+        elif cat == "gpu_memcpy" and _is_device_to_host(e, launcher):
+            label = "DtoH copy"
+        else:
+            continue
+        if launcher is None:  # no host call to pin it to: a sync of its own, at its device time
+            signals.append(((e.get("pid"), e.get("tid")), e["ts"], label, True, e.get("name", label)))
+        else:
+            signals.append(((launcher.get("pid"), launcher.get("tid")), launcher["ts"], label, True,
+                            launcher.get("name", label)))
+    groups = {}
+    for lane, ts, label, touches_device, fallback in signals:
+        op = lanes.enclosing_op(lane, ts)
+        key = (lane, op["ts"]) if op else (lane, ts, fallback)
+        group = groups.setdefault(key, dict(ts=op["ts"] if op else ts, pid=lane[0], tid=lane[1],
+                                            name=op["name"] if op else fallback, signals=[], device=False,
+                                            in_optimizer=lanes.in_optimizer(lane, ts)))
+        group["signals"].append(label)
+        group["device"] |= touches_device
+    kept = [g for g in groups.values() if g["device"] or not g["in_optimizer"]]
+    for g in kept:
+        g["signals"] = sorted(set(g["signals"]))
+        del g["device"], g["in_optimizer"]
+    return sorted(kept, key=lambda g: g["ts"])
+
+
+def host_syncs_per_step(trace: dict) -> list[dict]:
+    """Per ProfilerStep: dict(step, syncs, where); `where` counts the syncs by the op they happened in.
+
+    UserError if the trace has no ProfilerStep#N.
+    """
+    steps = traces.profiler_steps(trace)
+    rows = {traces.step_number(s): dict(step=traces.step_number(s), syncs=0, where=Counter()) for s in steps}
+    for sync in host_syncs(trace):
+        for s in steps:
+            if s["ts"] <= sync["ts"] < s["ts"] + s["dur"]:
+                row = rows[traces.step_number(s)]
+                row["syncs"] += 1
+                row["where"][sync["name"]] += 1
+                break
+    return [dict(row, where=dict(row["where"])) for row in rows.values()]
