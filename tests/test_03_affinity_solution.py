@@ -26,21 +26,38 @@ def cpus_in(line):
     return out
 
 
-def run_rank(script, data_dir, out, local_rank, *extra):
-    # Two ranks on this node, as torchrun would describe them; no GPU: disjoint cores per rank.
-    env = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": "2", "RANK": str(local_rank), "WORLD_SIZE": "2"}
-    result = run_script(script, "--data-dir", data_dir, "--out", out, "--epochs", "1", "--max-steps", "1",
-                        "--batch-size", "8", "--bind", "exclusive", *extra, env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return [line for line in result.stdout.splitlines() if line.startswith("host=")]
+def run_ranks(script, data_dir, out, world=2):
+    """Start `world` ranks of one launch together, as torchrun would describe them (a later step's ranks
+    meet through MASTER_ADDR/PORT; solution 03's train alone); return each rank's report lines."""
+    import socket
+    import subprocess
+
+    from tests.conftest import PYTHON, REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = []
+    for rank in range(world):
+        # no GPU: disjoint cores per rank
+        env = {**os.environ, "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world), "RANK": str(rank),
+               "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen([PYTHON, str(script), "--data-dir", str(data_dir), "--out", str(out),
+                                       "--epochs", "1", "--max-steps", "1", "--batch-size", "8", "--bind", "exclusive"],
+                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    lines = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-2000:]
+        lines.append([line for line in stdout.splitlines() if line.startswith("host=")])
+    return lines
 
 
 @pytest.mark.slow  # two ranks, each a whole training run
 @needs_two_cpus
 def test_each_rank_is_bound_to_its_own_cores(script, tiny_data_dir, tmp_path):
     rank_cpus = []
-    for local_rank in (0, 1):
-        lines = run_rank(script, tiny_data_dir, tmp_path / f"r{local_rank}", local_rank)
+    for lines in run_ranks(script, tiny_data_dir, tmp_path / "run"):
         rank_line = next(line for line in lines if "worker=-" in line)
         rank_cpus.append(cpus_in(rank_line))
     assert rank_cpus[0] and rank_cpus[1] and not rank_cpus[0] & rank_cpus[1], rank_cpus

@@ -113,7 +113,7 @@ BAD_INPUT = [
     (["--n-steps-input", "12"], "at most 11 input steps fit"),
     (["--max-steps", "-1"], "--max-steps"),
     (["--seed", "-1"], "--seed"),
-    (["--dataset", "gray_scot"], "unknown dataset 'gray_scot'.*active_matter"),
+    (["--dataset", "gray_scot"], "unknown dataset 'gray_scot': did you mean gray_scott_embedded or gray_scott_reaction_diffusion"),
     (["--dataset", "turbulent_radiative_layer_2D"], "add --download"),
 ]
 
