@@ -56,6 +56,8 @@ STEPS = {
     "01_profiling": "solutions/01_profiling/fno.py",
     "02_data_pipeline": "solutions/02_data_pipeline/fno.py",
     "03_affinity": "solutions/03_affinity/fno.py",
+    "05_ddp": "solutions/05_ddp/fno.py",
+    "06_efficiency": "solutions/06_efficiency/fno.py",
 }
 
 

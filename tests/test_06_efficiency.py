@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from profiling import syncs
-from tests.conftest import REPO, run_script, script_under_test
+from tests.conftest import REPO, run_script
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 (fixtures of the Slurm test)
 from wellfno import flops
 
@@ -113,9 +113,7 @@ def test_mfu_uses_the_peak_of_the_arithmetic_in_use():
 RUN = ["--epochs", "1", "--batch-size", "8", "--bind", "none"]
 
 
-@pytest.fixture
-def script(request):
-    return script_under_test(request, "solutions/06_efficiency/fno.py")
+STEP = "06_efficiency"  # the cross-step matrix (tests/conftest.py) supplies `script`
 
 
 def train(script, data_dir, out, *extra, timeout=300):
