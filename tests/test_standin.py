@@ -197,3 +197,13 @@ def test_check_cli_on_a_standin_and_on_a_damaged_one(tmp_path):
     (dataset_dir / "stats.yaml").write_text(yaml.safe_dump(stats))
     result = run_script("-m", "wellfno.standin", "--check", dataset_dir)
     assert result.returncode == 2 and "no 'mean' for field 'height'" in result.stderr
+
+
+def test_a_standin_too_big_for_the_ram_is_one_sentence(tmp_path, monkeypatch):
+    import wellfno.standin as standin
+
+    monkeypatch.setattr(standin, "available_ram", lambda: 16 * 10**9)  # a laptop
+    # MHD_256 at full resolution: 7 channels x 12 steps x 2 trajectories x 256^3 cells x 4 bytes = 11.3 GB per file
+    with pytest.raises(UserError, match=r"one stand-in file is 11\.3 GB.*use --scale"):
+        write_standin(tmp_path, "MHD_256")
+    assert not list(tmp_path.glob("datasets/MHD_256/data/*/*.hdf5"))

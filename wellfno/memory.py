@@ -42,14 +42,9 @@ def available_bytes(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)  # ROCm builds answer this too
         return int(free), f"free memory on {torch.cuda.get_device_name(device)}"
-    try:
-        import psutil
+    from wellfno.standin import available_ram
 
-        return int(psutil.virtual_memory().available), "available RAM"
-    except ImportError:  # no psutil: Linux still says it in /proc/meminfo
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return int(info["MemAvailable"].split()[0]) * 1024, "available RAM"
+    return available_ram(), "available RAM"
 
 
 def _gb(n: float) -> str:

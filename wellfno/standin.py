@@ -55,6 +55,17 @@ def scalar_from_file_name(scalar: str, file_name: str) -> float | None:
         return None
 
 
+def available_ram() -> int:
+    """Bytes of RAM available to a new allocation (psutil; /proc/meminfo without it)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        with open("/proc/meminfo") as f:
+            return int(dict(line.split(":", 1) for line in f)["MemAvailable"].split()[0]) * 1024
+
+
 def scaled_resolution(resolution: tuple[int, ...], scale: float) -> tuple[int, ...]:
     return tuple(max(MIN_CELLS, int(round(n * scale))) for n in resolution)
 
@@ -141,6 +152,10 @@ def write_standin(data_dir: str | Path, name: str, *, steps: int = 12, trajector
     if total > free:
         raise UserError(f"the stand-in needs {total / 1e9:.1f} GB and {dataset_dir} has {free / 1e9:.1f} GB free: "
                         f"use --scale, --steps or --trajectories to cut it down")
+    ram = available_ram()
+    if per_file > ram // 4:  # a file is made in memory (plus float64 noise): stay well clear of swapping
+        raise UserError(f"one stand-in file is {per_file / 1e9:.1f} GB, made in memory, and {ram / 1e9:.1f} GB "
+                        f"of RAM is available: use --scale, --steps or --trajectories to cut it to a quarter of that")
     cut = (f"n_steps_per_trajectory {max(lay.n_steps)} -> {steps}; trajectories per file -> {trajectories}; "
            f"files per split -> {files}; spatial_resolution {list(lay.resolution)} -> {list(res)}")
     rng = np.random.default_rng(seed)
