@@ -279,11 +279,12 @@ def train(args, env, backend, device):
     ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None
                                         ) if env.is_distributed else model
     global_batch = args.batch_size * env.world_size
-    log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, {device.type}): "
-        f"{len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters")
-    log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; learning rate "
-        f"{args.lr} as given (not scaled with the number of ranks)")
+    log(f"{'Evaluating' if args.eval_only else 'Training'} on {env.world_size} rank(s) ({env.launcher}, "
+        f"{backend or 'no'} backend, {device.type}): {len(splits['train'])} samples of {dataset_dir.name}, "
+        f"fields {fields}, {sum(p.numel() for p in model.parameters()):,} parameters")
+    if not args.eval_only:
+        log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
+            f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
     prof = trace = None
     if args.profile:

@@ -16,6 +16,10 @@ samples/s(N) / (N x samples/s(1)): 1.0 is perfect. The communication share is th
 collectives over the step time, from the traces (profiling.comms: host ranges of gloo/NCCL
 collectives, or NCCL/RCCL kernels on GPUs); `exposed` is the part no backward compute overlaps.
 
+On the CPU (no GPU, or --device cpu) every rank gets one thread and no binding (--bind none,
+OMP_NUM_THREADS=1): N ranks use N cores, as N ranks use N GPUs on a GPU node. (Bound, a lone rank
+would take every core with one thread each, and the comparison would be of threads, not ranks.)
+
 Writes OUT/scaling.json (a results file: the command, the machine, every number, the runs'
 commands) and OUT/scaling.png; --results PATH writes the same JSON there too (the repository's
 copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/README.md by `scaling_table`).
@@ -84,10 +88,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_cpu(args) -> bool:
+    import torch
+
+    return args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+
+
 def run_command(args, world: int, batch: int, out: Path, data_dir: Path) -> list[str]:
     fno = [str(SCRIPT), "--data-dir", str(data_dir), "--dataset", args.dataset, "--out", str(out),
            "--batch-size", str(batch), "--epochs", "1000", "--max-steps", str(args.max_steps), "--profile",
-           "--profile-warmup", "2", "--profile-active", str(args.active), "--device", args.device, *args.extra]
+           "--profile-warmup", "2", "--profile-active", str(args.active), "--device", args.device,
+           *(["--bind", "none"] if on_cpu(args) else []), *args.extra]
     if args.launcher == "srun":
         return ["srun", f"--ntasks={world}", *shlex.split(args.srun_args), sys.executable, *fno]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
@@ -152,9 +163,9 @@ def main(argv=None):
 
         generate(Path(args.data_dir), args.dataset_size)
     data.resolve_dataset(args.data_dir, args.dataset)
-    result = dict(device=args.device, launcher=args.launcher, dataset=str(dataset_dir), ranks=args.ranks,
-                  max_steps=args.max_steps, traced_steps=args.active, load_average_before=os.getloadavg()[0],
-                  modes={}, commands=[])
+    result = dict(device=args.device, launcher=args.launcher, threads_per_rank=1 if on_cpu(args) else None,
+                  dataset=str(dataset_dir), ranks=args.ranks, max_steps=args.max_steps, traced_steps=args.active,
+                  load_average_before=round(os.getloadavg()[0], 2), modes={}, commands=[])
     for mode in args.modes:
         rows = []
         for world in args.ranks:
@@ -168,7 +179,8 @@ def main(argv=None):
                 old.unlink()  # a trace of an earlier run must not pass for this one
             with open(run_dir / "log.txt", "w") as log:
                 try:
-                    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
+                    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout,
+                                          env={**os.environ, **({"OMP_NUM_THREADS": "1"} if on_cpu(args) else {})})
                 except subprocess.TimeoutExpired:
                     raise UserError(f"{mode} scaling with {world} rank(s) took over {args.timeout:.0f} s: "
                                     f"see {run_dir / 'log.txt'}; raise --timeout or lower --max-steps") from None
@@ -187,7 +199,7 @@ def main(argv=None):
             row["efficiency"] = row["samples_per_second"] / (row["ranks"] / rows[0]["ranks"] *
                                                              rows[0]["samples_per_second"])
         result["modes"][mode] = rows
-    result["load_average_after"] = os.getloadavg()[0]
+    result["load_average_after"] = round(os.getloadavg()[0], 2)
     command = shlex.join(["python", "solutions/05_ddp/scaling.py", *(argv if argv is not None else sys.argv[1:])])
     written = read_result(write_result(out / "scaling.json", command, result))
     if args.results:
