@@ -190,6 +190,8 @@ def test_compile_tracks_float32(script, tiny_data_dir, tmp_path):
 @pytest.mark.parametrize("options, message", [
     (["--log-every", "0"], "--log-every"),
     pytest.param(["--width", "0"], "--width", marks=pytest.mark.slow),
+    pytest.param(["--nvtx", "--device", "cpu"], "--nvtx", marks=pytest.mark.slow),  # NVTX ranges need a GPU
+    pytest.param(["--nvtx", "--profile"], "one at a time", marks=pytest.mark.slow),
 ])
 def test_impossible_values_are_one_line_errors(script, tiny_data_dir, tmp_path, options, message):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN, *options)
