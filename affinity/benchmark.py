@@ -2,6 +2,7 @@
 
     python affinity/benchmark.py                 # data pipeline + competing load (+ GPU if present)
     python affinity/benchmark.py --workers 4 --samples 400 --repeats 3
+    python affinity/benchmark.py --out results/affinity_benchmark.json   # the README's table (wellfno.results)
 
 1. Data pipeline: N DataLoader workers doing CPU-heavy per-sample work (FFTs, like decoding and
    augmenting a sample), no model. Throughput in samples/s for
@@ -24,6 +25,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 
@@ -154,13 +156,21 @@ def gpu_table(args, allowed: list[int]) -> list[tuple[str, float]] | None:
     return [(k, statistics.median(v)) for k, v in results.items()]
 
 
-def print_table(title: str, unit: str, rows: list[tuple[str, float]]) -> None:
+def table_text(title: str, unit: str, rows: list[tuple[str, float]]) -> str:
     base = rows[0][1]
-    print(f"\n{title}")
-    print(f"| condition | {unit} | ratio vs first |")
-    print("|---|---:|---:|")
-    for name, value in rows:
-        print(f"| {name} | {value:.1f} | {value / base:.2f}x |")
+    lines = [title, f"| condition | {unit} | ratio vs first |", "|---|---:|---:|"]
+    lines += [f"| {name} | {value:.1f} | {value / base:.2f}x |" for name, value in rows]
+    return "\n".join(lines)
+
+
+def benchmark_table(root) -> str:
+    """Renderer for `<!-- table: affinity.benchmark:benchmark_table -->` (python -m wellfno.results render)."""
+    from pathlib import Path
+
+    from wellfno.results import caption, read_result
+    result = read_result(Path(root) / "results" / "affinity_benchmark.json")
+    tables = [table_text(f"**{t['title']}**\n", t["unit"], [tuple(r) for r in t["rows"]]) for t in result["data"]["tables"]]
+    return "\n\n".join(tables) + "\n\n" + caption(result)
 
 
 def main(argv=None) -> int:
@@ -171,6 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per condition (median)")
     ap.add_argument("--gpu-steps", type=int, default=50, help="training steps per GPU measurement")
     ap.add_argument("--skip-competing", action="store_true", help="skip the competing-load table")
+    ap.add_argument("--out", default=None, help="also write the tables to this results file (JSON)")
     args = ap.parse_args(argv)
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
@@ -180,19 +191,31 @@ def main(argv=None) -> int:
     if args.workers < 1 or args.samples < 8 or args.repeats < 1:
         raise UserError("--workers >= 1, --samples >= 8 and --repeats >= 1 please")
     import torch
+    # Other work on the machine moves the rates; the ratios are measured side by side.
+    print(f"load average (1 min) at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"machine: {platform.node()} | {cpu_model()} | allowed CPUs {format_cpulist(allowed)} "
           f"({len(allowed)}) | torch {torch.__version__} | GPU: "
           f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-    print_table(f"1. data pipeline: {args.workers} workers, {args.samples} samples, median of {args.repeats}",
-                "samples/s", pipeline_table(args, allowed))
+    tables = [(f"1. data pipeline: {args.workers} workers, {args.samples} samples, median of {args.repeats}",
+               "samples/s", pipeline_table(args, allowed))]
+    print("\n" + table_text(*tables[-1]))
     if not args.skip_competing:
-        print_table("2. competing load: 1 worker, a busy process pinned to one CPU", "samples/s",
-                    competing_table(args, allowed))
+        tables.append(("2. competing load: 1 worker, a busy process pinned to one CPU", "samples/s",
+                       competing_table(args, allowed)))
+        print("\n" + table_text(*tables[-1]))
     rows = gpu_table(args, allowed)
     if rows is None:
         print("\n3. GPU-resident compute: skipped (no GPU here)")
     else:
-        print_table("3. GPU-resident compute: conv stack, data on the GPU", "steps/s", rows)
+        tables.append(("3. GPU-resident compute: conv stack, data on the GPU", "steps/s", rows))
+        print("\n" + table_text(*tables[-1]))
+    if args.out:
+        from wellfno.results import write_result
+        command = "python affinity/benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        data = {"allowed_cpus": format_cpulist(allowed), "workers": args.workers, "samples": args.samples,
+                "repeats": args.repeats,
+                "tables": [{"title": t, "unit": u, "rows": [[n, round(v, 2)] for n, v in r]} for t, u, r in tables]}
+        print(f"\nwrote {write_result(args.out, command.strip(), data)}")
     return 0
 
 

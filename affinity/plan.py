@@ -94,18 +94,12 @@ def gpu_cpus(topo: Topology, mode: str, gpu: Gpu, sharing: list[Gpu]) -> set[int
 
 
 def device_index_for(local_rank: int, local_world_size: int | None, visible: int,
-                     launcher: str = "single process") -> int:
-    """torch device index of the GPU a local rank drives among the `visible` ones.
-
-    wellfno.device.gpu_index_for's rule (one visible GPU: it; several: the local rank's), plus the
-    case it refuses: under srun --gpu-bind=closest each task sees the GPUs of its own NUMA node
-    (k of them, fewer than the ranks on the node), and the tasks that share those k GPUs are
-    consecutive local ranks when Slurm fills the node in blocks, so rank L takes GPU L mod k."""
+                     step_gpus: int | None = None) -> int:
+    """torch device index of the GPU a local rank drives among the `visible` ones: wellfno.device's
+    rule (one visible: it; one per rank: the local rank's; --gpu-bind=closest: local rank mod k)."""
     from wellfno.device import gpu_index_for  # imports torch: only where a GPU is involved
 
-    if launcher == "srun" and 1 < visible < (local_world_size or 0):
-        return local_rank % visible
-    return gpu_index_for(local_rank, local_world_size, visible)
+    return gpu_index_for(local_rank, local_world_size, visible, step_gpus)
 
 
 def make_plan(topo: Topology, mode: str = "exclusive", nranks: int | None = None,
@@ -166,8 +160,10 @@ def render(plan: list[Assignment], fmt: str, command: str = "python fno.py") -> 
     if fmt == "numactl":
         # --preferred, not --membind: a rank that outgrows its node's memory should slow down,
         # not be killed.
-        return "\n".join(f"LOCAL_RANK={a.rank} numactl --physcpubind={format_cpulist(a.cpus)} "
-                         f"--preferred={a.numa} {command}" for a in plan)
+        # The variables torchrun would set, so wellfno.launch (and bind_this_rank) sees rank r of n.
+        n = len(plan)
+        return "\n".join(f"RANK={a.rank} WORLD_SIZE={n} LOCAL_RANK={a.rank} LOCAL_WORLD_SIZE={n} "
+                         f"numactl --physcpubind={format_cpulist(a.cpus)} --preferred={a.numa} {command}" for a in plan)
     if fmt == "table":
         lines = [f"{'rank':>4}  {'GPU':>3}  {'PCI':<12}  {'NUMA':>4}  {'CPUs':>4}  CPU list"]
         for a in plan:

@@ -9,11 +9,13 @@ What counts as communication:
     `ncclDevKernel_*`: RCCL keeps NCCL's names) and any copy or kernel launched from inside a
     host-side collective.
 `collectives` counts the calls the training loop made (outermost c10d ops per thread).
-`comm_ms` is the union of communication time in the step: on GPU traces the device work launched
-by the step (the host side only enqueues it), on CPU traces the host ranges.
+`comm_ms` is the union of the communication time of the collectives the step started: on GPU traces
+the device work launched in the step (the host side only enqueues it), on CPU traces the host ranges
+that begin in the step.
 `overlap_ms` is the part of `comm_ms` during which backward compute ran: on GPUs, non-communication
 kernels launched by the backward part; on the CPU, non-communication ops of any thread while the
-stepping thread is in its backward range. `comm_ms - overlap_ms` is what the step waits for.
+stepping thread is in its backward range. `comm_ms - overlap_ms` is the communication no backward compute
+hides: with DDP, about what the end of backward waits for.
 """
 from __future__ import annotations
 
@@ -41,8 +43,16 @@ def communication(trace: dict) -> list[dict]:
     for e in host_comm:
         by_lane[(e.get("pid"), e.get("tid"))].append(e)
     calls = defaultdict(int)
-    for lane_events in by_lane.values():
-        for e in traces.outermost(x for x in lane_events if CALL_COMM.match(x["name"])):
+    # The calls: c10d ops (torch 2 dispatches every collective through them). Without any (older
+    # torch), the backend's own ranges on threads that also run ops, i.e. not gloo's worker threads.
+    has_c10d = any(CALL_COMM.match(e["name"]) for e in host_comm)
+    op_lanes = {(e.get("pid"), e.get("tid")) for e in events if traces.category(e) == "cpu_op"}
+    for lane, lane_events in by_lane.items():
+        if has_c10d:
+            called = [e for e in lane_events if CALL_COMM.match(e["name"])]
+        else:
+            called = lane_events if lane in op_lanes else []
+        for e in traces.outermost(called):
             step = where.step_of(e["ts"])
             if step is not None:
                 calls[step] += 1
@@ -78,7 +88,9 @@ def communication(trace: dict) -> list[dict]:
         for step in where.steps:
             lo, hi = traces.span(step)
             n = traces.step_number(step)
-            comm[n] = [s for s in (traces.clip(e, lo, hi) for e in host_comm) if s]
+            # The collectives the step started, whole: the end of a worker thread's range can fall
+            # after the next prof.step(), and is still this step's communication.
+            comm[n] = [traces.span(e) for e in host_comm if lo <= e["ts"] < hi]
             compute[n] = traces.intersection(busy_in_backward, [(lo, hi)])
     rows = []
     for step in where.steps:

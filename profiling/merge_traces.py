@@ -79,6 +79,20 @@ def merge(loaded: list[tuple[int, dict]], align: str = "clock") -> dict:
                 mergedRanks=sorted(ranks), alignment=align, traceEvents=events)
 
 
+def split(trace: dict) -> list[tuple[int, dict]]:
+    """A merged trace back into [(rank, trace), ...] (by the pid ranges merge() gave each rank);
+    a trace of one rank as [(its rank, itself)]. So the tools read merged files rank by rank."""
+    if "mergedRanks" not in trace:
+        return [(traces.rank_of(trace), trace)]
+    events = {rank: [] for rank in trace["mergedRanks"]}
+    for e in trace["traceEvents"]:
+        if isinstance(e.get("pid"), int) and e["pid"] // PID_STRIDE in events:
+            events[e["pid"] // PID_STRIDE].append(e)
+    header = {k: v for k, v in trace.items() if k not in ("traceEvents", "mergedRanks")}
+    return [(rank, dict(header, traceEvents=rank_events, distributedInfo={"rank": rank}))
+            for rank, rank_events in events.items()]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("traces", nargs="+", help="one trace per rank (.json or .json.gz)")

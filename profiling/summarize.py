@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 
 
-from profiling import comms, syncs, traces
+from profiling import comms, merge_traces, syncs, traces
 from profiling.traces import DEVICE_CATEGORIES, PARTS
 from wellfno.cli import atomic_write_json, run_main
 
@@ -189,11 +189,8 @@ def format_device(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def print_summary(path: str | Path, top: int = 10) -> dict:
-    """Load a trace file, print its summary; return the loaded trace (to draw it without reading it again)."""
-    path = Path(path)
-    trace = traces.load(path)
-    result = summarize(trace, top)
+def print_result(result: dict, path: Path | None) -> None:
+    """Print one rank's summary; `path`: its own trace file, for HolisticTraceAnalysis (None: skip HTA)."""
     print("Time per profiled step (ms; the parts add up to the step; syncs/step: host syncs, see profiling/syncs.py):")
     print(format_steps(result["steps"]))
     for row in result["steps"]:
@@ -206,8 +203,9 @@ def print_summary(path: str | Path, top: int = 10) -> dict:
     if result["gpu_busy"] is not None:
         print("GPU busy (device work on any stream / step wall time): " +
               "  ".join(f"#{r['step']} {100 * r['busy']:.0f}%" for r in result["gpu_busy"]))
-        print("HolisticTraceAnalysis temporal breakdown (whole trace):")
-        print(hta_temporal_breakdown(path))
+        if path is not None:
+            print("HolisticTraceAnalysis temporal breakdown (whole trace):")
+            print(hta_temporal_breakdown(path))
     else:
         print("No device kernels in this trace (CPU run): no GPU busy fraction.")
     for kind in ("device", "host"):
@@ -215,7 +213,29 @@ def print_summary(path: str | Path, top: int = 10) -> dict:
             print(f"Top {kind} operators by self time in the profiled steps:")
             for r in result["top"][kind]:
                 print(f"  {r['self_ms']:9.2f} ms  {r['calls']:5d} calls  {r['name'][:90]}")
-    return trace
+
+
+def report(path: str | Path, top: int = 10) -> tuple[dict, dict]:
+    """Load a trace file and print its summary: (trace, summary). A trace merged by merge_traces.py
+    is summarized rank by rank: summary = {"ranks": {rank: summary}}."""
+    path = Path(path)
+    trace = traces.load(path)
+    ranks = merge_traces.split(trace)
+    if len(ranks) == 1 and "mergedRanks" not in trace:
+        result = summarize(trace, top)
+        print_result(result, path)
+        return trace, result
+    results = {}
+    for rank, rank_trace in ranks:
+        print(f"=== rank {rank}")
+        results[rank] = summarize(rank_trace, top)
+        print_result(results[rank], None)  # HTA reads one file per rank: run it on the rank files
+    return trace, dict(ranks=results)
+
+
+def print_summary(path: str | Path, top: int = 10) -> dict:
+    """Load a trace file, print its summary; return the loaded trace (to draw it without reading it again)."""
+    return report(path, top)[0]
 
 
 def main(argv=None):
@@ -224,9 +244,9 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=10, help="operators to list")
     p.add_argument("--json", help="also write the summary to this JSON file")
     args = p.parse_args(argv)
-    trace = print_summary(args.trace, args.top)
+    _, result = report(args.trace, args.top)
     if args.json:
-        atomic_write_json(args.json, summarize(trace, args.top))
+        atomic_write_json(args.json, result)
 
 
 if __name__ == "__main__":

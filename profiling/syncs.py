@@ -13,6 +13,11 @@ One `.item()` on a GPU tensor shows up as several of these (the aten op, a DtoH 
 cudaStreamSynchronize and its cuda_sync record). They are one sync: signals are grouped by the
 outermost host op (on the same thread) they happen in, or by the runtime call itself when no op
 encloses it (torch.cuda.synchronize()). So the count reads the same on CPU and GPU traces.
+
+Sources: the cuda_sync kinds are CUPTI's CUpti_ActivitySynchronizationType as Kineto names them
+(https://docs.nvidia.com/cupti/api/group__CUPTI__ACTIVITY__API.html); cudaMemcpyKind
+(https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html) and HIP's hipMemcpyKind
+share the value 2 for device-to-host.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 
-from profiling import traces
+from profiling import merge_traces, traces
 from wellfno.cli import run_main
 
 COLOURS = {"data_wait": "tab:red", "h2d_copy": "tab:orange", "forward": "tab:blue", "backward": "tab:green",
@@ -36,10 +36,15 @@ def lane_names(trace: dict) -> dict:
 
 
 def lanes(trace: dict) -> list[dict]:
-    """What each lane shows in the profiled window: dict(key=(pid, tid), device, bars=[(event, part)]).
+    """What each lane shows in the profiled window: dict(key=(pid, tid), rank, device, bars=[(event, part)]).
 
-    Order: the stepping thread, the other host threads, then the device streams.
+    Order: per rank (a trace merged by merge_traces.py holds several), the stepping thread, the other
+    host threads, then the device streams.
     """
+    return [lane for rank, rank_trace in merge_traces.split(trace) for lane in _rank_lanes(rank_trace, rank)]
+
+
+def _rank_lanes(trace: dict, rank: int) -> list[dict]:
     steps = traces.profiler_steps(trace)
     t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
     main_lane = (steps[0].get("pid"), steps[0].get("tid"))
@@ -59,11 +64,11 @@ def lanes(trace: dict) -> list[dict]:
         # The stepping thread: its labelled ranges. Other threads (autograd, communication, loader):
         # whatever is outermost there, coloured where it is a labelled range of a known part.
         shown = traces.labelled_ranges(trace, *key) if key == main_lane else traces.outermost(host[key])
-        result.append(dict(key=key, device=False, bars=[
+        result.append(dict(key=key, rank=rank, device=False, bars=[
             (e, traces.part_of(e["name"]) if traces.category(e) == traces.HOST_RANGE else None) for e in shown]))
     for key in sorted(device, key=str):
         shown = [(e, launched_by.get(id(e))) for e in traces.outermost(device[key])]
-        result.append(dict(key=key, device=True, bars=[(e, None if p == "rest" else p) for e, p in shown]))
+        result.append(dict(key=key, rank=rank, device=True, bars=[(e, None if p == "rest" else p) for e, p in shown]))
     return result
 
 
@@ -77,10 +82,12 @@ def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | No
     trace_path = Path(trace_path)
     png = Path(png) if png else trace_path.with_name(trace_path.name.split(".json")[0] + "_timeline.png")
     trace = trace or traces.load(trace_path)
-    steps = traces.profiler_steps(trace)
-    t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
+    all_steps = traces.profiler_steps(trace)
+    steps = traces.profiler_steps(merge_traces.split(trace)[0][1])  # the boundaries drawn: the first rank's
+    t0, t1 = min(s["ts"] for s in all_steps), max(s["ts"] + s["dur"] for s in all_steps)
     order = lanes(trace)
     names = lane_names(trace)
+    merged = "mergedRanks" in trace
 
     fig, ax = plt.subplots(figsize=(12, 1.6 + 0.5 * max(len(order), 3)))
     for row, lane in enumerate(order):
@@ -94,7 +101,8 @@ def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | No
         ax.axvline(x, color="k", linestyle="--", linewidth=0.7)
         ax.text(x, 1.0, f" #{traces.step_number(step)}", fontsize=8, va="bottom", transform=ax.get_xaxis_transform())
     ax.set_yticks(range(len(order)))
-    ax.set_yticklabels([names.get(lane["key"], f"pid {lane['key'][0]} / tid {lane['key'][1]}")[:40]
+    ax.set_yticklabels([(f"rank {lane['rank']} " if merged else "")
+                        + names.get(lane["key"], f"pid {lane['key'][0]} / tid {lane['key'][1]}")[:40]
                         for lane in order], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, (t1 - t0) / 1e3)

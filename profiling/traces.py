@@ -21,9 +21,10 @@ Device work and its runtime call carry the same args["correlation"]; the runtime
 op that made it share args["External id"]. Sources: Kineto's category names,
 https://github.com/pytorch/kineto/blob/main/libkineto/src/ActivityType.cpp ; ROCm runtime calls as
 CUDA_RUNTIME and copies/fills/kernels as GPU_MEMCPY/GPU_MEMSET/CONCURRENT_KERNEL,
-https://github.com/pytorch/kineto/blob/main/libkineto/src/RoctracerActivity.h ; HolisticTraceAnalysis
-links kernels to their launching CPU op the same way (correlation id, then External id),
-https://hta.readthedocs.io/en/latest/source/features/trace_diff.html and hta/common/trace_parser.py.
+https://github.com/pytorch/kineto/blob/main/libkineto/src/RoctracerActivity.h (and _inl.h: which hip*
+calls start a flow). HolisticTraceAnalysis links a kernel to its launch the same way ("the correlation
+in the trace is a reference ID which links a Cuda kernel launch and the cuda kernel",
+https://github.com/facebookresearch/HolisticTraceAnalysis/blob/main/hta/common/trace.py).
 """
 from __future__ import annotations
 

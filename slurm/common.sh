@@ -25,6 +25,8 @@ case "${GPUS_PER_NODE:-}" in ''|*[!0-9]*) wf_die "GPUS_PER_NODE='${GPUS_PER_NODE
 if [ "$GPU_VENDOR" != none ] && [ "$GPUS_PER_NODE" -eq 0 ]; then
   wf_die "GPU_VENDOR=$GPU_VENDOR but GPUS_PER_NODE=0 in slurm/site.env; set the number of GPUs per node"
 fi
+case "${CPUS_PER_GPU:-}" in ''|0|*[!0-9]*) wf_die "CPUS_PER_GPU='${CPUS_PER_GPU:-}' in slurm/site.env is not a whole number >= 1";; esac
+case "${GPU_SELECT_BY_LOCALID:-0}" in 0|1) ;; *) wf_die "GPU_SELECT_BY_LOCALID='${GPU_SELECT_BY_LOCALID}' in slurm/site.env; use 0 or 1";; esac
 DATASET_DIR="$WELL_DATA/datasets/$DATASET"
 
 # --- software environment ------------------------------------------------------
@@ -54,15 +56,30 @@ fi
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}"
 
 # --- GPUs ----------------------------------------------------------------------
-# One GPU per task, the one closest to the task's CPUs; slurm/gpu_select.sh then
-# narrows *_VISIBLE_DEVICES per task where the site hands every task all GPUs.
+# GPU steps: one GPU per task (srun --gpus-per-task=1, which Slurm binds per task:
+# every task sees exactly one GPU of the job, `man srun`), through slurm/gpu_select.sh,
+# which keeps what Slurm set and only fixes what HIP would misread (see that file).
 GPU_SRUN_FLAGS=()
 GPU_WRAP=()
 DEVICE=cpu
 if [ "$GPU_VENDOR" != none ]; then
-  GPU_SRUN_FLAGS=(--gpus-per-task=1 --gpu-bind=closest)
+  GPU_SRUN_FLAGS=(--gpus-per-task="${GPU_TYPE:+$GPU_TYPE:}1")
+  [ -n "${GPU_BIND:-}" ] && GPU_SRUN_FLAGS+=(--gpu-bind="$GPU_BIND")
   GPU_WRAP=(bash "$WELLFNO_ROOT/slurm/gpu_select.sh")
   DEVICE=cuda    # ROCm builds of torch report AMD GPUs as 'cuda' too
+fi
+if [ "$GPU_VENDOR" = amd ]; then
+  # MIOpen keeps its tuning database (sqlite) and compiled kernels under $HOME by default,
+  # and sqlite's locking fails on Lustre; rocFFT keeps its runtime-compiled kernels only in
+  # memory unless ROCFFT_RTC_CACHE_PATH names a file. Both go to node-local storage, one
+  # folder per job (the same path on every node; slurm/gpu_select.sh creates it per node).
+  # Variables: MIOpen "System performance database and user database" and "persistent program
+  # cache" (https://rocm.docs.amd.com/projects/MIOpen/en/latest/install/build-source.html),
+  # rocFFT (https://rocm.docs.amd.com/projects/rocFFT/en/latest/how-to/runtime-compilation.html).
+  _wf_cache="$LOCAL_TMP/wellfno-${USER:-$(id -un)}-${SLURM_JOB_ID:-$$}"
+  export MIOPEN_USER_DB_PATH="${MIOPEN_USER_DB_PATH:-$_wf_cache/miopen}"
+  export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_CUSTOM_CACHE_DIR:-$MIOPEN_USER_DB_PATH}"
+  export ROCFFT_RTC_CACHE_PATH="${ROCFFT_RTC_CACHE_PATH:-$_wf_cache/rocfft_rtc_cache.db}"
 fi
 
 # --- one run folder per job ----------------------------------------------------
@@ -82,14 +99,21 @@ if [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null 2>&1; then
 fi
 {
   echo "job ${SLURM_JOB_NAME:-local} ${SLURM_JOB_ID:-} on $(hostname -s) at $(date -Is)"
-  echo "nodes=${SLURM_JOB_NUM_NODES:-1} ntasks=${SLURM_NTASKS:-1} cpus_per_task=${SLURM_CPUS_PER_TASK:-} gpu_vendor=$GPU_VENDOR device=$DEVICE"
+  echo "nodes=${SLURM_JOB_NUM_NODES:-1} ntasks=${SLURM_NTASKS:-1} cpus_per_task=${SLURM_CPUS_PER_TASK:-} gpu_vendor=$GPU_VENDOR device=$DEVICE job_gpus=${SLURM_JOB_GPUS:--}"
   echo "data=$DATASET_DIR run_dir=$RUN_DIR python=$(command -v "$PYTHON")"
 } | tee "$RUN_DIR/job.txt"
 
 # --- launching -----------------------------------------------------------------
 # launch [srun options...] -- command [args...]
 # Inside a Slurm job: srun with those options. Outside (a laptop): runs the command once.
-launch() {
+# WELLFNO_PROBE=DIR (tests): instead of the program, each task writes what it was given
+# (devices, CPUs, environment, command line) to DIR/<step>-<rank>.json (slurm/ci/probe_task.py).
+_wf_probe=()
+if [ -n "${WELLFNO_PROBE:-}" ]; then
+  mkdir -p "$WELLFNO_PROBE"
+  _wf_probe=("$PYTHON" "$WELLFNO_ROOT/slurm/ci/probe_task.py")
+fi
+_wf_run() {
   local opts=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
   [ "${1:-}" = "--" ] || wf_die "launch: missing '--' before the command"
@@ -100,12 +124,23 @@ launch() {
     "$@"
   fi
 }
+launch() {
+  local opts=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  shift
+  _wf_run "${opts[@]}" -- "${_wf_probe[@]}" "$@"
+}
 # launch_gpu: launch with one GPU per task on GPU sites, plain launch on CPU sites.
+# A GPU site's job that was submitted without GPUs stops here with the command that works.
 launch_gpu() {
   local opts=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
   shift
-  launch "${GPU_SRUN_FLAGS[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "$@"
+  if [ "$GPU_VENDOR" != none ] && [ -n "${SLURM_JOB_ID:-}" ] \
+     && [ -z "${SLURM_JOB_GPUS:-}${SLURM_GPUS_ON_NODE:-}${CUDA_VISIBLE_DEVICES:-}${ROCR_VISIBLE_DEVICES:-}" ]; then
+    wf_die "GPU_VENDOR=$GPU_VENDOR but job ${SLURM_JOB_ID} has no GPU; submit it with slurm/submit_all.sh ${SLURM_JOB_NAME:-STEP} (it asks for one GPU per task and CPUS_PER_GPU cores each)"
+  fi
+  _wf_run "${GPU_SRUN_FLAGS[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "${_wf_probe[@]}" "$@"
 }
 # launch_torchrun [srun options...] -- script.py [args...]
 # One torchrun per node (srun --ntasks-per-node=1), SLURM_NTASKS_PER_NODE workers

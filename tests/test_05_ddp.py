@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from tests.conftest import PYTHON, REPO, script_under_test
+from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - fixtures of the Slurm tests
 
 PROBE = Path(__file__).resolve().parent / "ddp_probe"
 SMALL = ("--n-steps-input", "10", "--bind", "none", "--seed", "3")  # 8 train, 4 valid samples
@@ -120,7 +121,8 @@ def read_probe(log_dir: Path) -> dict:
 
 
 def error_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("error:")]
+    """The `error: ...` lines (one may follow a progress bar that ended without a newline)."""
+    return re.findall(r"(?:^|[\r\n]|\]|\s)(error: [^\r\n]*)", text)
 
 
 @pytest.fixture(scope="module")
@@ -294,3 +296,47 @@ def test_split_smaller_than_world_is_one_line(script, tiny_data_dir, tmp_path):
     lines = error_lines(results[0][2])
     assert len(lines) == 1 and "valid split" in lines[0] and "fewer than the 3 ranks" in lines[0], lines
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- scaling benchmark
+@pytest.mark.slow
+def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
+    """solutions/05_ddp/scaling.py on 1 and 2 CPU ranks (weak scaling): numbers that hang together."""
+    out = tmp_path / "scaling"
+    result = subprocess.run([PYTHON, str(REPO / "solutions/05_ddp/scaling.py"), "--ranks", "1", "2", "--modes",
+                             "weak", "--batch-size", "2", "--max-steps", "6", "--active", "2", "--data-dir",
+                             str(tiny_data_dir), "--out", str(out), "--", "--bind", "none"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    written = json.loads((out / "scaling.json").read_text())
+    assert written["command"].startswith("python solutions/05_ddp/scaling.py --ranks 1 2") and written["machine"]["cpu"]
+    scaling = written["data"]
+    one, two = scaling["modes"]["weak"]
+    assert (one["ranks"], one["global_batch"], two["ranks"], two["global_batch"]) == (1, 2, 2, 4)
+    assert one["efficiency"] == 1.0
+    for row in (one, two):
+        assert row["samples_per_second"] == pytest.approx(row["global_batch"] / row["step_ms"] * 1e3)
+        assert row["traced_steps"] == [4, 5]  # steps 0-1 untraced, 2-3 warm-up, 4-5 recorded
+    assert two["efficiency"] == pytest.approx(two["samples_per_second"] / (2 * one["samples_per_second"]))
+    assert one["comm_share"] == 0.0 < two["comm_share"] < 1.0  # one rank has no collective; two all-reduce
+    assert 0.0 <= two["exposed_comm_share"] <= two["comm_share"]
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (out / "weak_2ranks").glob("trace_rank*.json.gz")) == [
+        "trace_rank0_steps4-5.json.gz", "trace_rank1_steps4-5.json.gz"]
+
+
+# --------------------------------------------------------------------------- Slurm
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_05_ddp_two_tasks_then_one_task_evaluates(slurm_cluster, slurm_data, tmp_path):
+    """slurm/05_ddp.sbatch on the local cluster: srun starts 2 ranks (rendezvous from the
+    allocation), then 1 task evaluates the checkpoint: the same validation loss."""
+    job = run_job("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10", "--seed", "3",
+                  env=job_env(tmp_path / "runs", slurm_data), run_root=tmp_path / "runs", timeout=600)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    evaluation = json.loads((job.run_dir / "eval.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4 and evaluation["world_size"] == 1
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-6 * abs(metrics["valid_loss"])
+    log = job.logs()
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log

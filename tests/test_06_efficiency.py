@@ -149,7 +149,7 @@ def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, tmp_path):
 
     ones = torch.ones(2)
     model = NextFrameFNO(2, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones),
-                         modes=4, hidden=8, layers=2)
+                         modes=4, width=8, layers=2)
     x = torch.zeros(8, 2, 16, 16)
     assert metrics["flops_per_sample"] == flops.training_flops_per_sample(model, x, x, model.loss)["per_sample"]
     assert metrics["achieved_flops_per_s"] == pytest.approx(metrics["flops_per_sample"] * metrics["samples_per_second"])

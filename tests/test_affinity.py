@@ -77,6 +77,14 @@ def test_mi300a_discovery_one_apu_per_numa_node():
     assert topo.l3_of[47] == 40 and topo.l3_of[143] == 40  # L3 L#5 holds cores 40-47
 
 
+def test_lumi_g_discovery_gcd_order_is_not_numa_order():
+    topo = discover(FIXTURES / "lumi-g", allowed_cpus=set(range(128)))
+    assert [g.pci for g in topo.gpus] == [a for a, _ in make_sysfs.LUMI_G_GCDS]
+    assert [(g.vendor, g.numa) for g in topo.gpus] == [("AMD", n) for n in (3, 3, 1, 1, 0, 0, 2, 2)]
+    assert len(topo.numa_cpus) == 4 and topo.smt() == 2 and topo.siblings(49) == {49, 113}
+    assert len(set(topo.l3_of.values())) == 8 and topo.l3_of[55] == 48  # CCD6 = cores 48-55
+
+
 def test_laptop_has_no_gpu_and_its_intel_igpu_does_not_count():
     topo = discover(LAPTOP, allowed_cpus=set(range(8)))
     assert topo.gpus == [] and list(topo.numa_cpus) == [0] and topo.smt() == 2
@@ -189,8 +197,8 @@ def test_cli_json_and_numactl_and_table():
         (2, "0000:82:00.0", 2, MI300A_NODE[2]), (3, "0000:c2:00.0", 3, MI300A_NODE[3])]
     r = run_cli("plan.py", "--sysfs", str(DGX), "--allowed-cpus", "48-63", "--gpus", "0-1", "--format", "numactl")
     assert r.stdout.splitlines() == [
-        "LOCAL_RANK=0 numactl --physcpubind=48-55 --preferred=3 python fno.py",
-        "LOCAL_RANK=1 numactl --physcpubind=56-63 --preferred=3 python fno.py"]
+        "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 numactl --physcpubind=48-55 --preferred=3 python fno.py",
+        "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 numactl --physcpubind=56-63 --preferred=3 python fno.py"]
     r = run_cli("plan.py", "--sysfs", str(LAPTOP), "--allowed-cpus", "0-7", "--nranks", "2")
     assert r.returncode == 0 and "0-1,4-5" in r.stdout and "2-3,6-7" in r.stdout
 
@@ -249,6 +257,7 @@ def test_report_says_whether_cpus_and_gpu_share_a_numa_node():
     assert "worker=1" in far and "cpu_numa=0" in far and far.endswith("gpu_numa=1 match=NO")
 
 
+@pytest.mark.slow  # a child process with torch and two DataLoader workers: ~10 s on 2 busy cores
 def test_bind_pin_workers_and_report_on_this_machine():
     """In one child process (so the test runner keeps its affinity): DataLoader workers pinned
     with worker_init_fn(allowed) land on different CPUs; then local rank 1 of 2 CPU-only ranks
@@ -287,17 +296,42 @@ def test_bind_pin_workers_and_report_on_this_machine():
     assert all("rank=1 local_rank=1 worker=" in line for line in workers)  # workers know their rank
 
 
-def test_launcher_env_errors_are_one_line():
-    # RANK without WORLD_SIZE: wellfno.launch's one-line error, from the report and through bind.
-    env = {**os.environ, "RANK": "1", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("WORLD_SIZE", None)
-    r = subprocess.run([sys.executable, "affinity/report.py", "--bind"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.startswith("error: RANK is set but WORLD_SIZE is not")
-    assert len(r.stderr.strip().splitlines()) == 1
+def test_launcher_env_errors_are_one_line(monkeypatch):
+    # RANK without WORLD_SIZE: wellfno.launch's one-line error, through the report and bind.
+    from affinity import report
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for argv in ([], ["--bind"]):
+        with pytest.raises(UserError, match="RANK is set but WORLD_SIZE is not") as err:
+            report.main(argv)
+        assert "\n" not in str(err.value)
 
 
-def test_report_cli_prints_this_process():
-    r = run_cli("report.py")
+def test_report_cli_prints_this_process(capsys, monkeypatch):
+    from affinity import report
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+    assert report.main([]) == 0
+    out = capsys.readouterr().out
+    assert f"rank=0 local_rank=0 worker=- cpus={format_cpulist(os.sched_getaffinity(0))}" in out
+    assert "match=n/a" in out  # no GPU here
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("cpu_bind", ["cores", "none"])
+def test_srun_ranks_bind_to_disjoint_cpus_on_the_test_cluster(cpu_bind):
+    """Real srun: with its default core binding each task keeps the CPU srun gave it; with
+    --cpu-bind=none the tasks share the step's CPUs and bind_this_rank splits them."""
+    import shutil
+    if shutil.which("srun") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
+        pytest.skip("no Slurm cluster here (slurm/ci/start_cluster.sh starts one)")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    r = subprocess.run(["srun", "-n2", f"--cpu-bind={cpu_bind}", sys.executable, "affinity/report.py", "--bind"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr
-    assert f"cpus={format_cpulist(os.sched_getaffinity(0))}" in r.stdout and "match=n/a" in r.stdout
+    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("host="))
+    assert [line.split()[1:3] for line in lines] == [["rank=0", "local_rank=0"], ["rank=1", "local_rank=1"]]
+    cpus = [parse_cpulist(line.split("cpus=")[1].split()[0]) for line in lines]
+    assert cpus[0] and cpus[1] and not cpus[0] & cpus[1]

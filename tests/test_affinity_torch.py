@@ -53,6 +53,8 @@ CASES = [
     ("dgx-a100", "16-31,48-63", [0, 1, 2, 3]),
     ("mi300a", "0-191", None),
     ("mi300a", "1-23,97-119,24-47", [0, 1]),   # a reserved OS core on APU 0
+    ("lumi-g", "1-7,9-15,17-23,25-31,33-39,41-47,49-55,57-63,65-71,73-79,81-87,89-95,97-103,105-111,"
+               "113-119,121-127", None),       # low-noise mode: first core of each CCD reserved
     ("dgx-a100-smt-off-bios", "0-127", None),
     ("mi300a-smt-off-runtime", "0-95", None),
 ]

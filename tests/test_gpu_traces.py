@@ -158,6 +158,9 @@ def test_mi250_syncs_and_communication():
     assert step1 == dict(step=1, collectives=1, comm_ms=pytest.approx(0.2), overlap_ms=pytest.approx(0.19),
                          measured_on="device")
     assert (step2["collectives"], step2["comm_ms"]) == (0, 0)
+    # Torch before c10d ops: only the backend's range names the call; still one collective.
+    older = dict(trace, traceEvents=[e for e in trace["traceEvents"] if not str(e.get("name")).startswith("c10d::")])
+    assert comms.communication(older)[0]["collectives"] == 1
 
 
 def test_v100_steps_101_to_105_counted_once(v100):
@@ -256,6 +259,15 @@ def test_merged_v100_and_mi250_keep_steps_and_launches_per_rank(v100):
     assert len(linked) == 4350 + 1600 + 145 + 8 and all(launcher is not None for _, launcher in linked)
     # Both traces use correlation ids from 135071 on: each kernel still finds its own rank's launch.
     assert all(rank_of_pid[e["pid"]] == rank_of_pid[launcher["pid"]] for e, launcher in linked)
+    # The tools read a merged file rank by rank: the same answers as on each rank's own trace.
+    (rank0, t0), (rank1, t1) = merge_traces.split(merged)
+    assert (rank0, rank1) == (0, 1)
+    assert summarize.device_breakdown(t1) == summarize.device_breakdown(mi250_trace())
+    assert [r["collectives"] for r in comms.communication(t0)] == [7] * 5
+    parts = {e["name"]: part for lane in timeline.lanes(merged) if lane["rank"] == 1 and lane["device"]
+             for e, part in lane["bars"]}
+    assert parts["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] == "backward"
+    assert parts["elementwise_kernel_adam"] == "optimizer"
 
 
 @pytest.mark.slow  # HolisticTraceAnalysis reads the 69k events again: ~20 s on 2 cores
@@ -283,3 +295,50 @@ def test_key_averages_sort_key_names_a_field_this_torch_has():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         torch.ones(4).sum()
     assert "Name" in prof.key_averages().table(sort_by=key, row_limit=3)  # the table accepts it
+
+
+def profile_labelled_loop(device, path, steps=5, active=3):
+    """A tiny labelled training loop on `device`, profiled with CPU (+ CUDA/ROCm) activities; loss.item() once a step."""
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = torch.randn(32, 64).pin_memory() if device.type == "cuda" else torch.randn(32, 64)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=steps - active - 1, active=active, repeat=1),
+                 on_trace_ready=lambda p: traces.save(p, path)) as prof:
+        for _ in range(steps):
+            with record_function("h2d_copy"):
+                x = batch.to(device, non_blocking=True)
+            with record_function("forward"):
+                loss = model(x).pow(2).mean()
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            float(loss.item())
+            prof.step()
+    return traces.load(path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU that torch sees (CUDA or ROCm)")
+def test_a_real_gpu_trace_counts_each_step_once_and_links_every_kernel(tmp_path):
+    gpu = profile_labelled_loop(torch.device("cuda"), tmp_path / "gpu.json.gz")
+    cpu = profile_labelled_loop(torch.device("cpu"), tmp_path / "cpu.json.gz")
+    assert len(traces.profiler_steps(gpu)) == 3  # not 6: the GPU-lane mirrors are not steps
+    rows = summarize.device_breakdown(gpu)
+    assert [r["unlinked"] for r in rows] == [0, 0, 0]
+    for r in rows:
+        assert r["kernel"]["forward"] > 0 and r["kernel"]["backward"] > 0 and r["kernel"]["optimizer"] > 0
+        assert r["gpu_memcpy"]["h2d_copy"] > 0  # the batch copy, launched in h2d_copy
+    assert all(lane["device"] or traces.is_host(e) for lane in timeline.lanes(gpu) for e, _ in lane["bars"])
+    # One loss.item() per step, counted the same on the GPU (copy + sync) as on the CPU.
+    assert [r["syncs"] for r in syncs.host_syncs_per_step(gpu)] == [1, 1, 1]
+    assert [r["syncs"] for r in syncs.host_syncs_per_step(cpu)] == [1, 1, 1]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        (torch.ones(256, 256, device="cuda") @ torch.ones(256, 256, device="cuda")).sum().item()
+    prof.key_averages().table(sort_by=traces.key_averages_sort_key(torch.device("cuda")), row_limit=3)

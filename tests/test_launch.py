@@ -28,7 +28,8 @@ def test_srun_variables_with_uneven_nodes():
     env = launch_environment({"SLURM_PROCID": "9", "SLURM_STEP_NUM_TASKS": "11", "SLURM_LOCALID": "1",
                               "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"})
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (9, 11, 1, 3, 2)
-    assert env.launcher == "srun"
+    assert env.launcher == "srun" and env.step_gpus is None
+    assert launch_environment({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_GPUS": "4,5"}).step_gpus == 2
 
 
 def test_batch_shell_is_not_a_rank():
@@ -92,6 +93,12 @@ def test_gpu_index_for_each_slurm_mode():
         devmod.gpu_index_for(1, 5, visible=4)
     with pytest.raises(UserError, match="sees no GPU"):
         devmod.gpu_index_for(0, 1, visible=0)
+    # srun --gpus-per-node=8 --gpu-bind=closest on LUMI-G: each task sees its NUMA node's 2 GCDs
+    assert [devmod.gpu_index_for(r, 8, visible=2, step_gpus=8) for r in range(8)] == [0, 1] * 4
+    with pytest.raises(UserError, match="8 ranks on this node but only 2 GPUs"):
+        devmod.gpu_index_for(3, 8, visible=2, step_gpus=2)   # a 2-GPU step: oversubscribed, not closest
+    with pytest.raises(UserError, match="8 ranks on this node but only 2 GPUs"):
+        devmod.gpu_index_for(3, 8, visible=2)                # nothing says Slurm split the GPUs
 
 
 def test_auto_backend_on_cpu_is_gloo():

@@ -201,12 +201,13 @@ def test_host_syncs_per_step_count_read_backs_but_not_adams_counter(tmp_path):
     assert [r["syncs"] for r in summary["steps"]] == [1] * ACTIVE
 
 
-def ddp_worker(rank, world_size, port, out):
+def ddp_worker(rank, world_size, out):
     """Rank of a 2-process gloo DDP run: 5 steps, the last 3 profiled, the middle one under no_sync()."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    # A file rendezvous: no port to race for with other test runs on the machine.
+    dist.init_process_group("gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.3)  # one layer per bucket
@@ -233,14 +234,9 @@ def ddp_worker(rank, world_size, port, out):
 
 @pytest.mark.slow
 def test_communication_column_on_a_real_two_rank_gloo_ddp_run(tmp_path):
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(ddp_worker, args=(2, port, tmp_path), nprocs=2)
+    mp.spawn(ddp_worker, args=(2, tmp_path), nprocs=2)
     buckets = json.loads((tmp_path / "buckets.json").read_text())
     assert buckets >= 2
     for rank in (0, 1):
@@ -256,5 +252,13 @@ def test_communication_column_on_a_real_two_rank_gloo_ddp_run(tmp_path):
     result = run_script("profiling/summarize.py", tmp_path / "trace_rank1.json.gz")
     assert result.returncode == 0, result.stderr
     assert "collectives" in result.stdout and "overlap %" in result.stdout
-    merged = merge_traces.merge([(r, traces.load(tmp_path / f"trace_rank{r}.json.gz")) for r in (0, 1)])
-    assert len(traces.profiler_steps(merged)) == 2 * ACTIVE
+    out = tmp_path / "merged.json.gz"
+    result = run_script("profiling/merge_traces.py", *(tmp_path / f"trace_rank{r}.json.gz" for r in (0, 1)),
+                        "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert len(traces.profiler_steps(traces.load(out))) == 2 * ACTIVE
+    result = run_script("profiling/summarize.py", out, "--json", tmp_path / "merged_summary.json")
+    assert result.returncode == 0, result.stderr
+    assert "=== rank 0" in result.stdout and "=== rank 1" in result.stdout
+    by_rank = json.loads((tmp_path / "merged_summary.json").read_text())["ranks"]
+    assert [r["collectives"] for r in by_rank["1"]["steps"]] == [buckets, 0, buckets]

@@ -220,20 +220,82 @@ def test_slurm_job_scripts_are_valid_bash():
     assert re.search(r"^#SBATCH --nodes=2$", two, re.M)
 
 
-def test_slurm_submit_all_dry_run_chains_steps(tmp_path):
-    env = job_env(tmp_path / "runs", tmp_path / "data")
-    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), "--dry-run"], env=env, cwd=tmp_path,
+def _dry_run(env, *args, cwd=None):
+    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), "--dry-run", *args], env=env, cwd=cwd,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    cmds = [line for line in r.stdout.splitlines() if line.startswith("sbatch ")]
-    expected = sorted(p.name for p in SLURM_DIR.glob("[0-9][0-9]_*.sbatch") if "2nodes" not in p.name)
-    assert [c.split()[-1].rsplit("/", 1)[-1] for c in cmds] == expected
-    assert "--dependency" not in cmds[0]
-    assert all("--dependency=afterok:" in c for c in cmds[1:])
+    cmds = [line.split() for line in r.stdout.splitlines() if line.startswith("sbatch ")]
+    return {Path(next(x for x in c if x.endswith(".sbatch"))).stem: c for c in cmds}, r.stdout
+
+
+def _opt(cmd: list[str], name: str) -> str | None:
+    return next((c.split("=", 1)[1] for c in cmd if c.startswith(name + "=")), None)
+
+
+# submit_all.sh's STEPS table: name -> (resources, after)
+STEPS = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+    r'^\s+"(\d\d_\w+)\s+(\w+)\s+(\S+)"$', (SLURM_DIR / "submit_all.sh").read_text(), re.M)}
+
+
+def test_slurm_submit_all_dry_run_orders_steps_and_resources(tmp_path):
+    """The day-0 check first; every step after it; statistics after the data only; one GPU per
+    task (or all of a node's for the per-GPU steps) and CPUS_PER_GPU cores on GPU sites; no GPU
+    for the statistics; nothing created by a dry run."""
+    env = job_env(tmp_path / "runs", tmp_path / "data")          # no dataset yet: steps wait for 00_baseline
+    steps, out = _dry_run(env, cwd=tmp_path)
+    scripts = sorted(p.stem for p in SLURM_DIR.glob("[0-9][0-9]_*.sbatch") if "2nodes" not in p.stem)
+    assert sorted(steps) == scripts and list(steps)[0] == "00_gpu_check"
+    assert f"submitting {len(scripts)} jobs" in out
+    assert _opt(steps["00_gpu_check"], "--dependency") is None
+    for name, cmd in steps.items():
+        if name == "00_gpu_check":
+            continue
+        dep = _opt(cmd, "--dependency")
+        assert dep and dep.startswith("afterok:") and "$00_gpu_check" in dep.split(":"), (name, dep)
+        assert ("$00_baseline" in dep.split(":")) == (STEPS[name][1] == "data"), (name, dep)
+        assert not any(c.startswith(("--gpus", "--gres")) for c in cmd), f"a CPU site's job asks for GPUs: {cmd}"
     assert not (tmp_path / "runs").exists(), "a dry run must not create anything"
-    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--with-2nodes", "04"], env=env,
+
+    # The dataset exists: nothing waits for the baseline (statistics only need the data).
+    (tmp_path / "data" / "datasets" / DATASET / "data").mkdir(parents=True)
+    steps, _ = _dry_run(env)
+    assert all("$00_baseline" not in (_opt(c, "--dependency") or "") for c in steps.values())
+
+    # A GPU site: resources per step.
+    gpu_env = {**env, "GPU_VENDOR": "amd", "GPUS_PER_NODE": "8", "CPUS_PER_GPU": "7"}
+    steps, _ = _dry_run(gpu_env, "--args", "00_baseline=--epochs 5 --batch-size 16")
+    assert {n for n, (res, _) in STEPS.items() if res == "gpu"} >= set(GPU_STEPS_ONE)
+    assert {n for n, (res, _) in STEPS.items() if res == "gpus"} >= set(GPU_STEPS_NODE) | {"00_gpu_check"}
+    assert {n for n, (res, _) in STEPS.items() if res == "cpu"} >= set(CPU_STEPS)
+    for name, c in steps.items():
+        res = STEPS[name][0]
+        got = (_opt(c, "--ntasks"), _opt(c, "--gpus-per-task"), _opt(c, "--gpus-per-node"), _opt(c, "--cpus-per-task"))
+        expected = {"gpu": ("1", "1", None, "7"), "gpus": ("8", None, "8", "7"), "cpu": (None, None, None, None)}[res]
+        assert got == expected, (name, c)
+    assert steps["00_baseline"][-4:] == ["--epochs", "5", "--batch-size", "16"]
+    assert all(c[-1].endswith(".sbatch") for n, c in steps.items() if n != "00_baseline"), "--args went to other steps"
+    steps, _ = _dry_run({**gpu_env, "GPU_TYPE": "mi250"}, "00_b")
+    assert list(steps) == ["00_baseline"] and _opt(steps["00_baseline"], "--gpus-per-task") == "mi250:1"
+    assert _opt(steps["00_baseline"], "--dependency") is None, "a step submitted alone waits for nothing"
+
+    steps, _ = _dry_run(env, "--with-2nodes", "04")
+    assert "04_stats_2nodes" in steps and "00_baseline" not in steps
+
+
+def test_slurm_every_job_script_has_a_line_in_submit_all(tmp_path):
+    """A new slurm/NN_*.sbatch without a STEPS line is refused (it would get no resources)."""
+    root = tmp_path / "copy"
+    shutil.copytree(SLURM_DIR, root / "slurm")
+    (root / "slurm" / "07_new.sbatch").write_text("#!/bin/bash\n#SBATCH --job-name=07_new\n")
+    env = job_env(tmp_path / "runs", tmp_path / "data")
+    del env["WELLFNO_ROOT"]
+    r = subprocess.run([str(root / "slurm" / "submit_all.sh"), "--dry-run"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and error_lines(r.stderr) == [
+        "error: slurm/07_new.sbatch has no line in STEPS of slurm/submit_all.sh (resources and what it runs after)"]
+    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--args", "09=--x"], env=env,
                        capture_output=True, text=True, timeout=30)
-    assert "04_stats_2nodes.sbatch" in r.stdout and "00_baseline" not in r.stdout
+    assert r.returncode == 2 and "no submitted step starts with '09'" in r.stderr
 
 
 def test_slurm_baseline_trains_and_writes_results(slurm_cluster, tmp_path):
@@ -420,3 +482,207 @@ def test_slurm_affinity_train_binds_each_rank_and_its_workers(slurm_cluster, slu
         assert cpus <= ranks[rank], f"a worker of rank {rank} runs outside its rank's CPUs"
     for rank in (0, 1):
         assert (job.run_dir / f"rank{rank}" / "metrics.json").is_file()
+
+
+# --------------------------------------------------------------------------- GPU plumbing
+# The CI cluster has stand-in GPUs (slurm/ci/start_cluster.sh: gres.conf with 4 device files,
+# AutoDetect=off, no Flags= so Slurm sets CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES,
+# GPU_DEVICE_ORDINAL and ZE_AFFINITY_MASK). Slurm hands them out for real; the programs cannot
+# use them, so the job scripts run in their test mode (WELLFNO_PROBE): each task records what it
+# was given (slurm/ci/probe_task.py) instead of running the program.
+@pytest.fixture(scope="session")
+def slurm_gpus(slurm_cluster) -> int:
+    r = _cmd("sinfo", "-h", "-N", "-o", "%G")
+    counts = [int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", r.stdout)]
+    if sum(counts) < 2:
+        msg = f"the Slurm cluster has no stand-in GPUs (sinfo %G: {r.stdout.strip()!r}); restart it with slurm/ci/start_cluster.sh"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return sum(counts)
+
+
+def _probes(folder: Path) -> dict[str, dict[str, list[dict]]]:
+    """job name -> step id -> the records of its tasks, by rank."""
+    import json
+    out: dict[str, dict[str, list[dict]]] = {}
+    for p in sorted(folder.glob("*.json")):
+        m = re.match(r"(.+)-(\d+)\.(\w+)-(\d+)\.json$", p.name)
+        rec = json.loads(p.read_text())
+        out.setdefault(m.group(1), {}).setdefault(m.group(3), []).append(rec)
+    for steps in out.values():
+        for recs in steps.values():
+            recs.sort(key=lambda r: int(r["env"]["SLURM_PROCID"]))
+    return out
+
+
+def _submit_all(env: dict, *args: str) -> list[Job]:
+    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), *args], env=env, cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, f"submit_all.sh failed:\n{r.stdout}\n{r.stderr}"
+    run_root = Path(env["RUN_ROOT"])
+    jobs = [Job(m.group(1), m.group(2), run_root) for m in re.finditer(r"^(\d+)\s+(\S+)\s+->", r.stdout, re.M)]
+    for job in jobs:  # submit_all.sh names the log %x-%j.out (stderr in it too)
+        job.err = job.out
+    return jobs
+
+
+GPU_STEPS_ONE = ("00_baseline", "01_profiling", "02_throughput")      # 1 task, 1 GPU, CPUS_PER_GPU cores
+GPU_STEPS_NODE = ("03_affinity_report", "03_affinity_train")           # a task per GPU
+CPU_STEPS = ("04_stats", "04_stats_torchrun")
+
+
+def _gpu_ids(rec: dict, vendor: str) -> list[str]:
+    """The physical GPUs the task was given, read from the variable its vendor's runtime uses."""
+    var = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}[vendor]
+    value = rec["env"].get(var)
+    return value.split(",") if value else []
+
+
+def test_slurm_every_job_hands_each_task_its_devices(slurm_gpus, slurm_data, tmp_path):
+    """The whole course through submit_all.sh on a 2-GPU 'NVIDIA', a 2-GPU 'AMD' and a CPU site
+    (GPU_VENDOR=nvidia|amd|none; GPUS_PER_NODE=2, CPUS_PER_GPU=1 on the 2-core node): every job
+    completes, and every task of every GPU step holds exactly one GPU of its own, the CPUs and
+    threads it should, `--device cuda`, and on AMD the variables HIP reads right and the caches
+    on node-local storage; the statistics hold no GPU."""
+    sites = {}
+    for vendor in ("nvidia", "amd", "none"):
+        root = tmp_path / vendor
+        env = job_env(root / "runs", slurm_data, GPU_VENDOR=vendor, GPUS_PER_NODE="2" if vendor != "none" else "0",
+                      CPUS_PER_GPU="1", LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
+        sites[vendor] = (root, _submit_all(env))
+    for vendor, (root, jobs) in sites.items():
+        for job in jobs:
+            wait(job, timeout=300)
+            job.assert_completed()
+        assert [j.name for j in jobs][0] == "00_gpu_check"
+
+    for vendor, (root, jobs) in sites.items():
+        probes = _probes(root / "probe")
+        where = f"GPU_VENDOR={vendor}"
+        assert set(probes) == {j.name for j in jobs}, f"{where}: jobs without a task record: {set(probes) ^ {j.name for j in jobs}}"
+        for name in CPU_STEPS:
+            for recs in probes[name].values():
+                for rec in recs:
+                    gpu_vars = {k: v for k, v in rec["env"].items() if "VISIBLE" in k or k.endswith("_GPUS")}
+                    assert not gpu_vars, f"{where} {name}: a CPU-only step holds GPUs: {gpu_vars}"
+        if vendor == "none":
+            for name in GPU_STEPS_ONE + GPU_STEPS_NODE:
+                for rec in probes[name]["0"]:
+                    assert "--device" not in rec["argv"] or rec["argv"][rec["argv"].index("--device") + 1] == "cpu"
+                    assert not any("VISIBLE" in k for k in rec["env"]), f"{where} {name}: {rec['env']}"
+            # CPU sites keep the scripts' #SBATCH lines: 2 cores for one task, 1 core for each of 2.
+            assert [len(r["cpus"]) for r in probes["00_baseline"]["0"]] == [2]
+            assert [len(r["cpus"]) for r in probes["03_affinity_report"]["0"]] == [1, 1]
+            continue
+
+        def check_one_gpu(name, rec, ncpus):
+            e = rec["env"]
+            ids = _gpu_ids(rec, vendor)
+            assert len(ids) == 1 and ids == e["SLURM_STEP_GPUS"].split(","), f"{where} {name}: {e}"
+            if vendor == "amd":
+                # Slurm set CUDA_VISIBLE_DEVICES to the same physical id; HIP would filter twice.
+                assert e.get("CUDA_VISIBLE_DEVICES") == "0" and "HIP_VISIBLE_DEVICES" not in e, f"{where} {name}: {e}"
+                for var in ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR", "ROCFFT_RTC_CACHE_PATH"):
+                    assert e[var].startswith(str(root / "local")), f"{where} {name}: {var}={e[var]}"
+                assert all(rec["dirs"].values()) and len(rec["dirs"]) == 3, f"{where} {name}: {rec['dirs']}"
+            else:
+                assert not any(k.startswith(("MIOPEN", "ROCFFT")) for k in e), f"{where} {name}: {e}"
+            assert len(rec["cpus"]) == ncpus, f"{where} {name}: CPUs {rec['cpus']}"
+            return ids[0]
+
+        for name in GPU_STEPS_ONE:
+            (rec,) = probes[name]["0"]
+            check_one_gpu(name, rec, ncpus=1)
+            assert rec["env"]["OMP_NUM_THREADS"] == "1" and rec["env"]["SLURM_CPUS_PER_TASK"] == "1"
+            assert rec["argv"][rec["argv"].index("--device") + 1] == "cuda", rec["argv"]
+        for name in GPU_STEPS_NODE + ("00_gpu_check",):
+            recs = probes[name]["0"]
+            assert len(recs) == 2, f"{where} {name}: {len(recs)} tasks, expected one per GPU"
+            # 03_affinity_train: srun --cpu-bind=none, each rank sees the job's cores and binds itself.
+            ncpus = 2 if name == "03_affinity_train" else 1
+            ids = [check_one_gpu(name, r, ncpus) for r in recs]
+            assert len(set(ids)) == 2, f"{where} {name}: two tasks share GPU {ids}"
+            if ncpus == 1:
+                assert not set(recs[0]["cpus"]) & set(recs[1]["cpus"]), f"{where} {name}: tasks share cores"
+        assert "--workers" in probes["03_affinity_report"]["0"][0]["argv"], "report.py must look at the GPU"
+        (node,) = probes["00_gpu_check"]["1"]
+        assert sorted(_gpu_ids(node, vendor)) == ["0", "1"] and len(node["cpus"]) == 2, node
+        assert node["argv"][1:4] == ["-m", "wellfno.gpucheck", "node"] and "--pytest" in node["argv"], node["argv"]
+
+
+def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
+    """srun the real slurm/gpu_select.sh in front of the probe; one record per task."""
+    out = tmp_path / f"probe{len(list(tmp_path.glob('probe*')))}"
+    env = job_env(tmp_path / "runs", tmp_path, WELLFNO_PROBE=str(out), **env_extra)
+    r = subprocess.run(["srun", "--time=2", *srun_opts, "bash", str(SLURM_DIR / "gpu_select.sh"),
+                        sys.executable, str(SLURM_DIR / "ci" / "probe_task.py")],
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    recs = [__import__("json").loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    recs.sort(key=lambda x: int(x["env"]["SLURM_PROCID"]))
+    return recs, r.stderr
+
+
+def test_slurm_gpu_select_keeps_what_slurm_set(slurm_gpus, tmp_path):
+    """slurm/gpu_select.sh under real srun GPU modes: it never picks a GPU itself, keeps what
+    Slurm set, only rewrites HIP's second filter on AMD, and maps local rank -> GPU only when
+    Slurm set nothing and the site asked for it."""
+    # --gpu-bind=closest: each task gets every GPU near its core (stand-ins: 0,1 on core 0; 2,3 on core 1).
+    for vendor in ("nvidia", "amd"):
+        recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": vendor}, "-n2", "--cpu-bind=cores", "--gpus-per-node=4",
+                              "--gpu-bind=closest")
+        assert [r["env"]["SLURM_STEP_GPUS"] for r in recs] == ["0,1", "2,3"], recs
+        for r in recs:
+            e = r["env"]
+            assert e["ROCR_VISIBLE_DEVICES"] == e["SLURM_STEP_GPUS"], "ROCR_VISIBLE_DEVICES changed"
+            expected = e["SLURM_STEP_GPUS"] if vendor == "nvidia" else "0,1"
+            assert e["CUDA_VISIBLE_DEVICES"] == expected, (vendor, e)
+    # Slurm set nothing (no GPU asked for): left alone, unless GPU_SELECT_BY_LOCALID=1.
+    recs, err = _srun_probe(tmp_path, {"GPU_VENDOR": "amd"}, "-n2")
+    assert all(not any("VISIBLE" in k for k in r["env"]) for r in recs)
+    assert "Slurm set no CUDA_/ROCR_VISIBLE_DEVICES" in err
+    recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": "amd", "GPU_SELECT_BY_LOCALID": "1"}, "-n2")
+    assert [r["env"].get("ROCR_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
+    assert all("CUDA_VISIBLE_DEVICES" not in r["env"] for r in recs)
+    recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": "nvidia", "GPU_SELECT_BY_LOCALID": "1"}, "-n2")
+    assert [r["env"].get("CUDA_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
+
+
+def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(slurm_gpus, tmp_path):
+    """00_gpu_check for real. On a CPU site every part runs and the report says no GPU: N/A;
+    on a GPU site (GPU_VENDOR=nvidia, a stand-in GPU) where torch sees no GPU the job FAILS,
+    so that afterok cancels the rest of the course."""
+    need("wellfno/gpucheck.py")
+    import json
+    small = ("--steps", "2", "--batch-size", "2", "--grid", "8")
+    cpu_root, gpu_root = tmp_path / "cpu", tmp_path / "gpu"
+    cpu = sbatch("00_gpu_check.sbatch", *small, env=job_env(cpu_root, tmp_path / "data"), run_root=cpu_root)
+    gpu = sbatch("00_gpu_check.sbatch", *small, run_root=gpu_root, sbatch_opts=["--ntasks=1", "--gpus-per-node=1"],
+                 env=job_env(gpu_root, tmp_path / "data", GPU_VENDOR="nvidia", GPUS_PER_NODE="1"))
+    wait(cpu, timeout=240)
+    cpu.assert_completed()
+    rep = json.loads((cpu.run_dir / "gpu_check" / "gpu_check.json").read_text())
+    assert rep["status"] == "no GPU: N/A" and not rep["problems"], rep["problems"]
+    (task,) = rep["tasks"]
+    assert task["gpus"] == [] and task["cpu_check"]["matmul_ok"] and task["cpu_check"]["fft_ok"]
+    assert rep["node"]["training"]["steps"] == 2
+    text = (cpu.run_dir / "gpu_check" / "gpu_check.txt").read_text()
+    assert text.startswith("GPU check: no GPU: N/A") and "GPU utilization: not available" in text
+    wait(gpu, timeout=240)
+    assert gpu.state == "FAILED", gpu.logs()
+    log = gpu.out.read_text()
+    assert "GPU check: FAIL" in log and "torch sees no GPU" in log, gpu.logs()
+    rep = json.loads((gpu.run_dir / "gpu_check" / "gpu_check.json").read_text())
+    assert rep["tasks"][0]["visible"]["CUDA_VISIBLE_DEVICES"] == "0", "the task did not get its stand-in GPU"
+
+
+def test_slurm_gpu_site_job_without_gpus_fails_in_one_line(slurm_gpus, slurm_data, tmp_path):
+    """On a GPU site, a step submitted by plain sbatch (no GPU asked for) stops at once and says
+    how to submit it."""
+    run_root = tmp_path / "runs"
+    env = job_env(run_root, slurm_data, GPU_VENDOR="nvidia", GPUS_PER_NODE="2")
+    job = run_job("01_profiling.sbatch", env=env, run_root=run_root, timeout=60)
+    assert job.state == "FAILED", job.logs()
+    errors = error_lines(job.err.read_text())
+    assert len(errors) == 1 and "has no GPU; submit it with slurm/submit_all.sh 01_profiling" in errors[0], job.logs()

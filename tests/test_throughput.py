@@ -4,13 +4,14 @@ import json
 
 import pytest
 
-from profiling import throughput
+from profiling import compare_scripts, throughput
 from tests.conftest import run_script
 from wellfno.cli import UserError
 
 REQUIRED = {"reader", "num_workers", "pin_memory", "prefetch_factor", "data_only", "compute_only", "full"}
 
 
+@pytest.mark.slow  # the whole sweep: every reader, worker count and the trainer, several seconds each
 def test_sweep_on_tiny_data_writes_json_csv_png(tiny_data_dir, tmp_path):
     out = tmp_path / "tp"
     result = run_script("profiling/throughput.py", "--data-dir", tiny_data_dir, "--out", out, "--workers", "0,1",
@@ -67,6 +68,7 @@ def test_missing_data_is_one_line_error(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: ")
 
 
+@pytest.mark.slow  # two real training runs
 def test_compare_scripts_runs_whole_training_scripts(tiny_data_dir, tmp_path):
     out = tmp_path / "cmp"
     result = run_script("profiling/compare_scripts.py", "--data-dir", tiny_data_dir, "--out", out, "--repeats", "1",
@@ -85,10 +87,8 @@ def test_compare_scripts_runs_whole_training_scripts(tiny_data_dir, tmp_path):
     assert "| `fno.py` |" in result.stdout  # the markdown table for the README
 
 
-def test_compare_scripts_missing_script_is_one_line(tiny_data_dir, tmp_path):
-    result = run_script("profiling/compare_scripts.py", "--data-dir", tiny_data_dir, "--out", tmp_path,
-                        "--scripts", "nope.py --x")
-    assert result.returncode == 2 and result.stderr.strip() == \
-        "error: --scripts: no script 'nope.py' (give a path, then its options)"
+def test_compare_scripts_missing_script_is_a_user_error(tiny_data_dir, tmp_path):
+    with pytest.raises(UserError, match=r"--scripts: no script 'nope.py' \(give a path, then its options\)"):
+        compare_scripts.main(["--data-dir", str(tiny_data_dir), "--out", str(tmp_path), "--scripts", "nope.py --x"])
     assert not (tmp_path / "scripts.json").exists()
 

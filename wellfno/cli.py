@@ -83,3 +83,36 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
     import torch
 
     return _atomic_write(path, lambda f: torch.save(obj, f), "wb")
+
+
+def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """`path` as a folder to write into, or a UserError before anything is written.
+
+    Catches the usual slip of naming a file (or a folder inside a file) where a folder is meant.
+    """
+    path = Path(path)
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise UserError(f"{flag} {path}: {folder} is a file, not a folder; pass a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise UserError(f"{flag} {path}: {folder} is not writable; pass a folder you can write to")
+            break
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location=None) -> dict:
+    """A checkpoint written by `atomic_torch_save`, or a UserError that says it is damaged and what to do."""
+    import pickle
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as err:
+        reason = (str(err).splitlines() or [err.__class__.__name__])[0][:120]
+        raise UserError(f"{path} is damaged ({reason}): delete it to start afresh "
+                        f"(or move it away), or use another --out") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path} is not a training checkpoint: delete it or use another --out")
+    return state

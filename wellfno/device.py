@@ -26,25 +26,32 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def gpu_index_for(local_rank: int, local_world_size: int | None, visible: int) -> int:
+def gpu_index_for(local_rank: int, local_world_size: int | None, visible: int,
+                  step_gpus: int | None = None) -> int:
     """The GPU a rank drives, from how many the rank can see.
 
-    One visible GPU: it is ours (Slurm bound one per task). Several: the local rank's, so a
-    second node's rank 4 uses its node's GPU 0 through local rank 0, never `cuda:<global rank>`.
+    One visible GPU: it is ours (Slurm bound one per task). Several, at least one per rank on the
+    node: the local rank's, so a second node's rank 4 uses its node's GPU 0 through local rank 0,
+    never `cuda:<global rank>`. Fewer than the ranks on the node, while Slurm gave the step at least
+    one GPU per rank (`step_gpus`, from SLURM_STEP_GPUS): `srun --gpu-bind=closest` shows each task
+    the k GPUs of its NUMA node, shared by k consecutive local ranks (block distribution), so local
+    rank L drives GPU L mod k. Any other shortfall is more ranks than GPUs: an error.
     """
     if visible < 1:
         raise UserError("this rank sees no GPU: ask Slurm for GPUs (--gpus-per-task=1), or use the CPU")
     if visible == 1:
         return 0
-    if local_rank >= visible or (local_world_size is not None and local_world_size > visible):
-        ranks = local_world_size if local_world_size is not None else local_rank + 1
-        raise UserError(f"{ranks} ranks on this node but only {visible} GPUs visible: start at most "
-                        f"one rank per GPU (--ntasks-per-node / --nproc-per-node), or use the CPU")
-    return local_rank
+    ranks = local_world_size if local_world_size is not None else local_rank + 1
+    if local_rank < visible and ranks <= visible:
+        return local_rank
+    if step_gpus is not None and ranks <= step_gpus and ranks % visible == 0:
+        return local_rank % visible
+    raise UserError(f"{max(ranks, local_rank + 1)} ranks on this node but only {visible} GPUs visible: start at "
+                    f"most one rank per GPU (--ntasks-per-node / --nproc-per-node), or use the CPU")
 
 
 def pick_backend(requested: str, local_rank: int, local_world_size: int | None = None,
-                 prefer_gpu: bool = True) -> tuple[str, torch.device]:
+                 prefer_gpu: bool = True, step_gpus: int | None = None) -> tuple[str, torch.device]:
     """(backend, device) for torch.distributed.
 
     `auto` means nccl on GPUs (RCCL on ROCm) when `prefer_gpu` and a GPU is visible, else gloo
@@ -59,6 +66,6 @@ def pick_backend(requested: str, local_rank: int, local_world_size: int | None =
         return "gloo", torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError("--backend nccl needs a GPU, and torch sees none: use --backend gloo")
-    index = gpu_index_for(local_rank, local_world_size, torch.cuda.device_count())
+    index = gpu_index_for(local_rank, local_world_size, torch.cuda.device_count(), step_gpus)
     torch.cuda.set_device(index)
     return "nccl", torch.device("cuda", index)

@@ -38,6 +38,7 @@ class LaunchEnv:
     local_world_size: int | None  # ranks on this node; None where the launcher does not say
     launcher: str                 # "torchrun", "srun" or "single process"
     node_rank: int = 0
+    step_gpus: int | None = None  # GPUs Slurm gave this step on this node (SLURM_STEP_GPUS), if it says
 
     @property
     def is_distributed(self) -> bool:
@@ -95,6 +96,7 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnv:
                             "or set LOCAL_RANK (the rank's index on its node)")
         local_world = _int(env, "LOCAL_WORLD_SIZE", 1) if env.get("LOCAL_WORLD_SIZE", "") != "" else None
         launcher, node_rank = "torchrun", _int(env, "GROUP_RANK") if env.get("GROUP_RANK", "") else 0
+        step_gpus = None
     elif env.get("SLURM_STEP_NUM_TASKS", "") != "" and env.get("SLURM_PROCID", "") != "":
         rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS", minimum=1)
         local_rank = _int(env, "SLURM_LOCALID") if env.get("SLURM_LOCALID", "") != "" else 0
@@ -105,6 +107,8 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnv:
             counts = tasks_per_node(spec)
             local_world = counts[node_rank] if node_rank < len(counts) else counts[0]
         launcher = "srun"
+        gpus = env.get("SLURM_STEP_GPUS", "")
+        step_gpus = len([g for g in gpus.split(",") if g.strip()]) if gpus else None
     else:
         return LaunchEnv(0, 1, 0, 1, "single process")
     if rank >= world:
@@ -112,7 +116,7 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnv:
     if local_world is not None and local_rank >= local_world:
         raise UserError(f"local rank {local_rank} but {local_world} ranks on this node: "
                         f"the launcher's variables disagree")
-    return LaunchEnv(rank, world, local_rank, local_world, launcher, node_rank)
+    return LaunchEnv(rank, world, local_rank, local_world, launcher, node_rank, step_gpus)
 
 
 # --------------------------------------------------------------------------- Slurm rendezvous

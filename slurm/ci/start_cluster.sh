@@ -23,13 +23,6 @@ done
 
 node_state() { sinfo -h -N -o '%T' 2>/dev/null | head -n1; }
 
-# Already up (e.g. started by hand before `make test`)?
-if pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null; then
-  case "$(node_state)" in
-    idle|mixed|allocated|completing)
-      echo "slurm/ci/start_cluster.sh: cluster already running ($(sinfo -h -o '%P %D %T' | head -n1))"; exit 0;;
-  esac
-fi
 
 # ---- munge ------------------------------------------------------------------
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
@@ -58,6 +51,44 @@ NODE_LINE="$(echo "$NODE_LINE" | sed -E "s/^NodeName=[^ ]+/NodeName=$HOST NodeAd
 
 mkdir -p "$ROOT/ctld" "$ROOT/d" "$ROOT/log" "$ROOT/run" "$CONF_DIR"
 chmod 0755 "$ROOT" "$ROOT/log"
+
+# ---- stand-in GPUs ----------------------------------------------------------
+# No GPU here, but the job scripts' GPU plumbing (--gpus-per-task, --gpus-per-node,
+# --gpu-bind, the *_VISIBLE_DEVICES variables Slurm sets per task) must be real.
+# Slurm's gres/gpu plugin only needs device files (gres.conf File=) when
+# AutoDetect=off: it hands them out, and sets the variables from their indices.
+# The stand-ins are character devices with /dev/null's numbers (1:3), so nothing
+# can mistake them for a GPU driver; they live under $ROOT/dev, not /dev.
+# One node can only be one kind: Slurm requires the same environment flags for all
+# GPUs of a node, so the stand-ins carry no Flags= and get Slurm's default for a
+# hand-written gres.conf: every GPU variable is set, CUDA_VISIBLE_DEVICES (NVIDIA),
+# ROCR_VISIBLE_DEVICES (AMD), ZE_AFFINITY_MASK (Intel) and GPU_DEVICE_ORDINAL (OpenCL).
+# That is also the case an AMD site meets without Flags=amd_gpu_env (`man gres.conf`,
+# Flags), which slurm/gpu_select.sh must handle. SLURM_CI_GPU_FLAGS=nvidia_gpu_env or
+# amd_gpu_env configures what AutoDetect=nvml / rsmi would set instead.
+# Half of the GPUs are "close to" core 0, half to core 1 (Cores=), for --gpu-bind=closest.
+# See `man gres.conf` (AutoDetect, File, Cores, Flags, Type).
+NGPU="${SLURM_CI_GPUS:-4}"
+GPU_FLAGS="${SLURM_CI_GPU_FLAGS:-}"
+NCORES="$(echo "$NODE_LINE" | sed -nE 's/.* CPUs=([0-9]+).*/\1/p')"
+mkdir -p "$ROOT/dev"
+half=$(( (NGPU + 1) / 2 ))
+gres_lines=""
+for i in $(seq 0 $(( NGPU - 1 ))); do
+  dev="$ROOT/dev/gpu$i"
+  [ -c "$dev" ] || { rm -f "$dev"; mknod -m 0666 "$dev" c 1 3; }
+  core=0; [ "$i" -ge "$half" ] && [ "${NCORES:-1}" -gt 1 ] && core=1
+  gres_lines+="Name=gpu Type=standin File=$dev Cores=$core${GPU_FLAGS:+ Flags=$GPU_FLAGS}"$'\n'
+done
+NGPU_GRES=""; [ "$NGPU" -gt 0 ] && NGPU_GRES=" Gres=gpu:standin:$NGPU"
+gtmp="$(mktemp "$CONF_DIR/.gres.conf.XXXXXX")"
+{
+  echo "$MARKER"
+  echo "AutoDetect=off"
+  printf '%s' "$gres_lines"
+} > "$gtmp"
+chmod 0644 "$gtmp"
+
 tmp="$(mktemp "$CONF_DIR/.slurm.conf.XXXXXX")"
 cat > "$tmp" <<CONF
 $MARKER
@@ -91,13 +122,36 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
-$NODE_LINE State=UNKNOWN
+GresTypes=gpu
+$NODE_LINE${NGPU_GRES} State=UNKNOWN
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 chmod 0644 "$tmp"
+GRES_CONF="$CONF_DIR/gres.conf"
+if [ -f "$GRES_CONF" ] && ! grep -qF "$MARKER" "$GRES_CONF"; then
+  rm -f "$tmp" "$gtmp"; die "$GRES_CONF exists and was not written by this script; move it away first"
+fi
+
+# Already up with this very configuration (e.g. started by hand before `make test`)?
+if pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null \
+   && cmp -s "$tmp" "$CONF" && cmp -s "$gtmp" "$GRES_CONF"; then
+  case "$(node_state)" in
+    idle|mixed|allocated|completing)
+      rm -f "$tmp" "$gtmp"
+      echo "slurm/ci/start_cluster.sh: cluster already running ($(sinfo -h -o '%P %D %T %G' | head -n1))"; exit 0;;
+  esac
+fi
 mv -f "$tmp" "$CONF"
+mv -f "$gtmp" "$GRES_CONF"
 
 # ---- daemons ----------------------------------------------------------------
+# A changed configuration (GRES, node line) needs both daemons restarted; queued
+# jobs survive in the state folder, running ones may be lost (say so).
+if pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null; then
+  running="$(squeue -h -t R -o %i 2>/dev/null | wc -l)"
+  echo "slurm/ci/start_cluster.sh: configuration changed: restarting slurmctld and slurmd ($running running job(s))"
+  SLURM_CI_KEEP_MUNGE=1 SLURM_CI_KEEP_JOBS=1 "$(dirname "$0")/stop_cluster.sh" >/dev/null
+fi
 pgrep -x slurmctld >/dev/null || slurmctld -f "$CONF"   # -c would wipe state; keep it
 pgrep -x slurmd    >/dev/null || slurmd -f "$CONF"
 
@@ -119,4 +173,4 @@ case "$state" in
      echo "--- tail $ROOT/log/slurmd.log" >&2; tail -n 20 "$ROOT/log/slurmd.log" >&2 || true
      die "node $HOST is '${state:-not reported}' after ${TIMEOUT}s";;
 esac
-echo "slurm/ci/start_cluster.sh: cluster up: $(sinfo -h -o 'partition=%P nodes=%N cpus=%c state=%T' | head -n1) (logs in $ROOT/log)"
+echo "slurm/ci/start_cluster.sh: cluster up: $(sinfo -h -o 'partition=%P nodes=%N cpus=%c gres=%G state=%T' | head -n1) (logs in $ROOT/log)"

@@ -16,7 +16,7 @@ stop_pidfile() {  # name pidfile
   kill -KILL "$pid" 2>/dev/null; echo "killed $1 ($pid)"
 }
 
-if command -v scancel >/dev/null 2>&1 && [ -f "$ROOT/run/slurmctld.pid" ]; then
+if [ "${SLURM_CI_KEEP_JOBS:-0}" != 1 ] && command -v scancel >/dev/null 2>&1 && [ -f "$ROOT/run/slurmctld.pid" ]; then
   timeout 10 scancel --user=root >/dev/null 2>&1 || true
 fi
 stop_pidfile slurmd "$ROOT/run/slurmd.pid"

@@ -1,9 +1,5 @@
-"""Baseline: train a Fourier Neural Operator on a dataset of The Well, roll it out, plot it.
+"""Solution 03: solution 02 with each rank and its DataLoader workers pinned to cores near the rank's GPU.
 
-    python fno.py                                   # embedded Gray-Scott data, made on first use
-    python fno.py --dataset turbulent_radiative_layer_2D --data-dir /scratch/well --download
-    python solutions/01_profiling/fno.py --profile --max-steps 12   # trace steps 7-11, then stop
-    python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --persistent-workers --fast-reader
     srun -n 4 --gpus-per-node=4 python solutions/03_affinity/fno.py --num-workers 4 --bind exclusive
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
@@ -14,6 +10,8 @@ import time
 from pathlib import Path
 
 import torch
+from the_well.data import WellDataset
+from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -22,10 +20,10 @@ from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
 from profiling import summarize, timeline, traces
 
-from wellfno import data, plots
-from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
+from wellfno import data, memory, plots
+from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
 from wellfno.device import DEVICE_CHOICES, pick_device
-from wellfno.fastwell import fast_datasets
+from wellfno.fastwell import FastWellDataset
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
 
@@ -41,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
+    p.add_argument("--width", type=int, default=32, help="FNO channels: memory and compute grow with it")
+    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
@@ -68,15 +68,26 @@ def parse_args(argv=None):
         args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
         if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
             raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active (>= 1)")
-    for name in ("epochs", "batch_size", "n_steps_input"):
+    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
+        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to 2**63-1")
+    check_output_dir(args.out)
     return args
 
 
-def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=None):
+WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
+
+
+def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, untimed_steps=0, prof=None):
+    """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history.
+
+    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
+    """
     model.train()
-    total_loss, samples, start = 0.0, 0, time.perf_counter()
+    total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
+    start = timed_from = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True)
     batches = iter(bar)
     while True:
@@ -93,16 +104,24 @@ def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=No
             loss.backward()
         with record_function("optimizer"):
             optimizer.step()
-        total_loss += loss.item() * len(x)
-        samples += len(x)
-        bar.set_postfix(loss=f"{loss.item():.4f}", samples_per_s=f"{samples / (time.perf_counter() - start):.0f}")
-        steps_left -= 1
+        # One read-back per step (on a GPU it waits for the step to finish), reused for the sum and
+        # the progress bar. Exercise 06 removes even this one.
+        loss_value = loss.item()
+        total_loss += loss_value * len(x)
+        samples, steps = samples + len(x), steps + 1
+        if steps <= untimed_steps:
+            timed_from = time.perf_counter()
+        else:
+            timed_samples += len(x)
+        bar.set_postfix(loss=f"{loss_value:.4f}")
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
-        if steps_left == 0:
+        if steps == max_steps:
             break
     bar.close()
-    return total_loss / samples, samples, time.perf_counter() - start
+    end = time.perf_counter()
+    return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps, seconds=end - start,
+                timed_samples=timed_samples, timed_seconds=end - timed_from)
 
 
 @torch.no_grad()
@@ -126,10 +145,16 @@ def main(argv=None):
         device = rank_device if rank_device.type == device.type else device  # cuda:<local rank's GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
-    dataset_dir = data.resolve_dataset(args.data_dir, args.dataset, args.download)
-    splits = (fast_datasets if args.fast_reader else data.well_datasets)(dataset_dir, args.n_steps_input)
+    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
+    data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with DATASET/stats.yaml.
+    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_input=args.n_steps_input,
+                            n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,
+                            return_grid=False, boundary_return_type=None)
+              for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
-    stats = channel_stats(data.load_stats(dataset_dir), splits["train"].core_field_names)
+    stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     if args.pin_memory and device.type != "cuda":  # page-locking only speeds up copies to a GPU; torch would warn
         print(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
     loader_options = dict(num_workers=args.num_workers, pin_memory=args.pin_memory and device.type == "cuda")
@@ -144,18 +169,21 @@ def main(argv=None):
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    model = NextFrameFNO(len(fields), args.n_steps_input, stats).to(device)
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
+    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width, modes=args.modes)
+    print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
     checkpoint = out / "checkpoint.pt"
     if args.resume and checkpoint.exists():
-        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        state = load_checkpoint(checkpoint, map_location=device)
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError):
+            first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+        except (KeyError, RuntimeError, ValueError):
             raise UserError(f"{checkpoint} was trained with other settings: use another --out or drop --resume")
-        first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
         print(f"Resuming from {checkpoint} after epoch {state['epoch']}")
     print(f"Training on {device}: {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters")
@@ -165,50 +193,54 @@ def main(argv=None):
         rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         first = args.profile_wait + args.profile_warmup  # the recorded steps are ProfilerStep#first..#last
         trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        activities = [ProfilerActivity.CPU]
-        if device.type == "cuda":  # kernels and copies on the GPU (ROCm builds too); never asked for on CPU
-            activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=True, profile_memory=args.profile_memory,
+        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        prof = profile(activities=activities, profile_memory=args.profile_memory,
                        with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace, rank),
                        schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
                                          active=args.profile_active, repeat=1))
         prof.start()
+
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
-        steps_left = args.max_steps - step if args.max_steps else -1
-        train_loss, samples, seconds = train_one_epoch(model, train_loader, optimizer, device, epoch, steps_left,
-                                                       prof)
-        step += -(-samples // args.batch_size)
+        row = train_one_epoch(model, train_loader, optimizer, device, epoch,
+                              max_steps=args.max_steps - step if args.max_steps else None,
+                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof)
+        step += row["steps"]
         if prof and step >= args.max_steps:
             break  # the profiled window is over: no validation, no checkpoint
-        valid_loss = validate(model, valid_loader, device)
-        history.append(dict(epoch=epoch, train_loss=train_loss, valid_loss=valid_loss,
-                            samples=samples, seconds=seconds))
-        print(f"epoch {epoch}/{args.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
-              f"{samples / seconds:.0f} samples/s")
+        row["valid_loss"] = validate(model, valid_loader, device)
+        history.append(row)
+        print(f"epoch {epoch}/{args.epochs}  train_loss {row['train_loss']:.4f}  valid_loss {row['valid_loss']:.4f}  "
+              f"{row['samples'] / row['seconds']:.0f} samples/s")
         atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                                            epoch=epoch, step=step, history=history))
     if prof:
         prof.stop()
         if not trace.exists():
             raise UserError(f"the run ended after {step} steps, before the profiled window: raise --epochs")
-        sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
         print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-        summarize.print_summary(traces.load(trace), path=trace)
-        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace)}")
+        loaded = summarize.print_summary(trace)
+        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")
         return
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
 
-    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input)
+    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
+                                        max_rollout_steps=memory.rollout_steps(model, device))
     model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
     for k in range(min(5, len(model_vrmse))):
         print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence {persistence_vrmse[k]:.4f}")
     plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"], std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
+    samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
+    excludes = f"the first {WARMUP_STEPS} step(s) of this run (start-up: FFT plans, allocator, loader start)"
+    if not samples:  # a run too short to leave the start-up out
+        samples, seconds, excludes = sum(h["samples"] for h in history), sum(h["seconds"] for h in history), "nothing"
     atomic_write_json(out / "metrics.json", dict(
-        samples_per_second=sum(h["samples"] for h in history) / sum(h["seconds"] for h in history),
+        samples_per_second=samples / seconds, samples_per_second_excludes=excludes,
         train_loss=history[-1]["train_loss"], valid_loss=history[-1]["valid_loss"],
         rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse, device=str(device),
         dataset=str(dataset_dir), history=history, config=vars(args)))

@@ -1,17 +1,9 @@
-"""Data parallel: solution 03 on every GPU of a node or of many nodes (DistributedDataParallel), exact metrics.
+"""Solution 05: solution 03 trained by all ranks together (DistributedDataParallel), metrics exact for any world size.
 
     torchrun --nproc-per-node 4 solutions/05_ddp/fno.py --batch-size 16      # 4 ranks, 16 samples each per step
     srun -N 2 --ntasks-per-node 4 --gpus-per-task 1 python solutions/05_ddp/fno.py   # one task per GPU
     python solutions/05_ddp/fno.py                                            # one rank, as solution 03
     torchrun --nproc-per-node 3 solutions/05_ddp/fno.py --eval-only --out runs/ddp  # evaluate OUT/checkpoint.pt
-
-Earlier steps:
-
-    python fno.py                                   # embedded Gray-Scott data, made on first use
-    python fno.py --dataset turbulent_radiative_layer_2D --data-dir /scratch/well --download
-    python solutions/01_profiling/fno.py --profile --max-steps 12   # trace steps 7-11, then stop
-    python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --persistent-workers --fast-reader
-    srun -n 4 --gpus-per-node=4 python solutions/03_affinity/fno.py --num-workers 4 --bind exclusive
 
 Rank 0 writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
 with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
@@ -19,15 +11,15 @@ with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
 import argparse
 import datetime
 import os
-import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from the_well.data import WellDataset
+from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
@@ -36,12 +28,13 @@ from affinity.report import report_line
 from profiling import summarize, timeline, traces
 
 from wellfno import data, plots
-from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
-from wellfno.device import pick_backend
-from wellfno.fastwell import fast_datasets
+from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
+from wellfno.device import DEVICE_CHOICES, pick_backend, pick_device
+from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
+from wellfno.watchdog import Watchdog
 
 
 def parse_args(argv=None):
@@ -55,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="samples per step on each rank")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -90,25 +83,28 @@ def parse_args(argv=None):
     for name in ("epochs", "batch_size", "n_steps_input"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.timeout <= 0:
-        raise UserError("--timeout must be more than 0 seconds")
+    if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
+        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to 2**63-1")
+    if not 0 < args.timeout < float("inf"):
+        raise UserError("--timeout must be a positive number of seconds")
     if args.eval_only and args.profile:
         raise UserError("--profile traces training steps: drop it with --eval-only")
+    check_output_dir(args.out)
     return args
 
 
-def pick_device(name):
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but torch sees no GPU: use --device cpu, or run on a GPU node")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm builds report as cuda too
-    return torch.device(name)
+WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
 
 
-def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=None, show=True):
+def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, untimed_steps=0, prof=None, show=True):
+    """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history (this rank's).
+
+    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
+    """
     model.train()
     fno = model.module if isinstance(model, DistributedDataParallel) else model  # DDP wraps the FNO
-    total_loss, samples, start = 0.0, 0, time.perf_counter()
+    total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
+    start = timed_from = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True, disable=not show)
     batches = iter(bar)
     while True:
@@ -125,16 +121,24 @@ def train_one_epoch(model, loader, optimizer, device, epoch, steps_left, prof=No
             loss.backward()
         with record_function("optimizer"):
             optimizer.step()
-        total_loss += loss.item() * len(x)
-        samples += len(x)
-        bar.set_postfix(loss=f"{loss.item():.4f}", samples_per_s=f"{samples / (time.perf_counter() - start):.0f}")
-        steps_left -= 1
+        # One read-back per step (on a GPU it waits for the step to finish), reused for the sum and
+        # the progress bar. Exercise 06 removes even this one.
+        loss_value = loss.item()
+        total_loss += loss_value * len(x)
+        samples, steps = samples + len(x), steps + 1
+        if steps <= untimed_steps:
+            timed_from = time.perf_counter()
+        else:
+            timed_samples += len(x)
+        bar.set_postfix(loss=f"{loss_value:.4f}")
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
-        if steps_left == 0:
+        if steps == max_steps:
             break
     bar.close()
-    return total_loss / samples, samples, time.perf_counter() - start
+    end = time.perf_counter()
+    return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps, seconds=end - start,
+                timed_samples=timed_samples, timed_seconds=end - timed_from)
 
 
 @torch.no_grad()
@@ -151,15 +155,21 @@ def validate(model, loader, device):
     return (total[0] / total[1]).item()
 
 
-def over_ranks(train_loss, samples, seconds, device):
-    """One epoch of every rank: mean loss over all samples, samples, the slowest rank's seconds, per-rank rates."""
-    mine = torch.tensor([train_loss * samples, samples, seconds], dtype=torch.float64, device=device)
+def over_ranks(row, device):
+    """This epoch's row for all ranks: loss over every sample, samples summed, the slowest rank's seconds."""
+    keys = ("train_loss", "samples", "seconds", "timed_samples", "timed_seconds")
+    mine = torch.tensor([row["train_loss"] * row["samples"], *(row[k] for k in keys[1:])], dtype=torch.float64,
+                        device=device)
     everyone = [mine]
     if dist.is_initialized():
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(everyone, mine)
-    loss_sum, n, secs = torch.stack(everyone).cpu().T
-    return (loss_sum.sum() / n.sum()).item(), int(n.sum()), secs.max().item(), (n / secs).tolist()
+    loss_sum, samples, seconds, timed_samples, timed_seconds = torch.stack(everyone).cpu().double().T
+    return dict(row, train_loss=(loss_sum.sum() / samples.sum()).item(), samples=int(samples.sum()),
+                seconds=seconds.max().item(), timed_samples=int(timed_samples.sum()),
+                timed_seconds=timed_seconds.max().item(), world_size=len(everyone),
+                samples_per_second_per_rank=((timed_samples / timed_seconds) if timed_samples.all() else
+                                             (samples / seconds)).tolist())
 
 
 def samples_left_out(sampler):
@@ -173,82 +183,34 @@ def samples_left_out(sampler):
     return sorted(set(range(len(sampler.dataset))) - taken)
 
 
-FAILED_KEY = "wellfno/failed"
-
-
-class FailureWatch:
-    """Ends this rank within seconds when another rank failed, instead of waiting in a collective.
-
-    A rank that raises posts "rank R: what happened" in the process group's key-value store (`fail`);
-    a thread here polls the store and, when it finds a post (or the store's host, rank 0, is gone),
-    prints one line and exits. A rank that dies without a word breaks gloo's connections at once;
-    under NCCL the collective --timeout ends the others (TORCH_NCCL_ASYNC_ERROR_HANDLING).
-    """
-
-    def __init__(self, rank, poll_s=1.0):
-        self.rank, self.poll_s, self.done = rank, poll_s, threading.Event()
-        self.store = dist.distributed_c10d._get_default_store()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self):
-        while not self.done.wait(self.poll_s):
-            try:
-                if not self.store.check([FAILED_KEY]):
-                    continue
-                why = self.store.get(FAILED_KEY).decode()
-            except Exception:  # noqa: BLE001 - the store lives in rank 0: it is gone
-                if self.done.wait(3 * self.poll_s):
-                    return  # rank 0 simply finished first
-                why = "rank 0 ended (it hosts the rendezvous)"
-            print(f"error: rank {self.rank} stops: {why}", file=sys.stderr, flush=True)
-            os._exit(1)
-
-    def fail(self, err):
-        try:
-            self.store.set(FAILED_KEY, f"rank {self.rank}: {str(err).splitlines()[0] if str(err) else ''}"
-                                       f"{'' if isinstance(err, UserError) else f' ({err.__class__.__name__})'}")
-        except Exception:  # noqa: BLE001 - the store is gone too: the launcher or --timeout ends the others
-            pass
-
-
 def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; no launcher: rank 0 of 1
+    device = pick_device(args.device)
+    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size, device.type == "cuda",
+                                   env.step_gpus)
+    if args.device != "auto" and device.type != args.device:
+        raise UserError(f"--backend {backend} and --device {args.device} do not go together: nccl runs on GPUs, "
+                        f"gloo here on CPUs")
     if not env.is_distributed:
-        return train(args, env)
-    watch = None
+        return train(args, env, None, device)
+    env.export_rendezvous()  # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
     try:
-        backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                       prefer_gpu=args.device != "cpu")
-        env.export_rendezvous()  # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
-        try:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
-                                    device_id=device if device.type == "cuda" else None)
-        except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
-            raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
-                            f"{str(err).splitlines()[0] if str(err) else ''})") from None
-        watch = FailureWatch(env.rank)
-        train(args, env, backend, device)
-        dist.barrier()  # nobody leaves while another still needs rank 0's store
-        watch.done.set()
-    except BaseException as err:
-        if watch is not None and not isinstance(err, KeyboardInterrupt):
-            watch.fail(err)
-        raise
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
+                                device_id=device if device.type == "cuda" else None)
+    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
+        raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    try:
+        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends every rank, in seconds
+            train(args, env, backend, device)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
-def train(args, env, backend=None, device=None):
+def train(args, env, backend, device):
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's anyway)
-    if device is None:
-        if args.backend != "auto":  # checked even for one rank: `--backend nccl` on a laptop is a mistake
-            pick_backend(args.backend, env.local_rank, env.local_world_size, prefer_gpu=args.device != "cpu")
-        device = pick_device(args.device)
-    elif args.device != "auto" and device.type != args.device:
-        raise UserError(f"--backend {backend} and --device {args.device} do not go together: "
-                        f"nccl works on GPUs, gloo here on CPUs")
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
@@ -262,16 +224,22 @@ def train(args, env, backend=None, device=None):
                         f"--out at the folder of a trained run")
     if env.rank > 0:
         dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
-    dataset_dir = data.resolve_dataset(args.data_dir, args.dataset, args.download)
+    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     if env.rank == 0 and env.is_distributed:
         dist.barrier()
-    splits = (fast_datasets if args.fast_reader else data.well_datasets)(dataset_dir, args.n_steps_input)
+    data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with DATASET/stats.yaml.
+    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_input=args.n_steps_input,
+                            n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,
+                            return_grid=False, boundary_return_type=None)
+              for split in ("train", "valid")}
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} samples, fewer than "
                             f"the {env.world_size} ranks: start at most {len(splits[split])} ranks")
     fields = data.channel_names(splits["train"])
-    stats = channel_stats(data.load_stats(dataset_dir), splits["train"].core_field_names)
+    stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     if args.pin_memory and device.type != "cuda":  # page-locking only speeds up copies to a GPU; torch would warn
         log(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
     loader_options = dict(num_workers=args.num_workers, pin_memory=args.pin_memory and device.type == "cuda")
@@ -297,20 +265,19 @@ def train(args, env, backend=None, device=None):
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
     if (args.resume or args.eval_only) and checkpoint.exists():  # every rank loads it: same model, same Adam state
-        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        state = load_checkpoint(checkpoint, map_location=device)
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError):
+            first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+        except (KeyError, RuntimeError, ValueError):
             raise UserError(f"{checkpoint} was trained with other settings: use another --out or drop --resume")
-        first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
         log(f"{'Evaluating' if args.eval_only else 'Resuming from'} {checkpoint} after epoch {state['epoch']}"
             f" (trained with {state.get('world_size', 1)} rank(s), now {env.world_size})")
-    # DDP: backward averages the gradients over the ranks (all-reduce, bucket by bucket, overlapped with
-    # the rest of the backward), so every rank makes the same step. The buffers are constants from
-    # stats.yaml: no need to broadcast them before every forward.
-    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        broadcast_buffers=False) if env.is_distributed else model
+    # DDP copies rank 0's weights to all ranks; backward averages the gradients over the ranks (all-reduce,
+    # bucket by bucket, overlapped with the rest of the backward): every rank makes the same step.
+    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None
+                                        ) if env.is_distributed else model
     global_batch = args.batch_size * env.world_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, {device.type}): "
         f"{len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
@@ -322,14 +289,14 @@ def train(args, env, backend=None, device=None):
     if args.profile:
         first = args.profile_wait + args.profile_warmup  # the recorded steps are ProfilerStep#first..#last
         trace = out / f"trace_rank{env.rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        activities = [ProfilerActivity.CPU]
-        if device.type == "cuda":  # kernels and copies on the GPU (ROCm builds too); never asked for on CPU
-            activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=True, profile_memory=args.profile_memory,
+        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        prof = profile(activities=activities, profile_memory=args.profile_memory,
                        with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace, env.rank),
                        schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
                                          active=args.profile_active, repeat=1))
         prof.start()
+
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
@@ -338,19 +305,17 @@ def train(args, env, backend=None, device=None):
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: {len(splits['train'])} samples "
                 f"do not divide by {env.world_size} ranks)")
-        steps_left = args.max_steps - step if args.max_steps else -1
-        train_loss, samples, seconds = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch,
-                                                       steps_left, prof, show=env.rank == 0)
-        step += -(-samples // args.batch_size)
+        row = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch,
+                              max_steps=args.max_steps - step if args.max_steps else None,
+                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof, show=env.rank == 0)
+        step += row["steps"]  # the same on every rank
         if prof and step >= args.max_steps:
             break  # the profiled window is over: no validation, no checkpoint
-        train_loss, samples, seconds, rank_rates = over_ranks(train_loss, samples, seconds, device)
-        valid_loss = validate(model, valid_loader, device)
-        history.append(dict(epoch=epoch, train_loss=train_loss, valid_loss=valid_loss, samples=samples,
-                            seconds=seconds, world_size=env.world_size, samples_per_second_per_rank=rank_rates,
-                            samples_left_out=left_out))
-        log(f"epoch {epoch}/{args.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
-            f"{samples / seconds:.0f} samples/s ({env.world_size} rank(s))")
+        row = over_ranks(row, device)
+        row["valid_loss"], row["samples_left_out"] = validate(model, valid_loader, device), left_out
+        history.append(row)
+        log(f"epoch {epoch}/{args.epochs}  train_loss {row['train_loss']:.4f}  valid_loss {row['valid_loss']:.4f}  "
+            f"{row['samples'] / row['seconds']:.0f} samples/s ({env.world_size} rank(s))")
         if env.rank == 0:  # one writer; the others hold the same model
             atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                                                epoch=epoch, step=step, history=history, world_size=env.world_size))
@@ -361,8 +326,8 @@ def train(args, env, backend=None, device=None):
         if env.rank == 0:
             sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
             print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-            summarize.print_summary(traces.load(trace), path=trace)
-            print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace)}")
+            loaded = summarize.print_summary(trace)
+            print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")
         return
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
@@ -373,9 +338,9 @@ def train(args, env, backend=None, device=None):
                                                                 world_size=env.world_size)
     if env.rank > 0:
         return
+    true, pred = example
     for k in range(min(5, len(model_vrmse))):
         print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence {persistence_vrmse[k]:.4f}")
-    true, pred = example
     plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"], std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     if args.eval_only:
@@ -384,10 +349,13 @@ def train(args, env, backend=None, device=None):
             world_size=env.world_size, epoch=history[-1]["epoch"], device=str(device), dataset=str(dataset_dir)))
         print(f"valid_loss {valid_loss:.6f}; wrote {out / 'eval.json'}, {out / 'rollout.png'}")
         return
-    seconds = sum(h["seconds"] for h in history)
+    samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
+    excludes = f"the first {WARMUP_STEPS} step(s) of this run (start-up: FFT plans, allocator, loader start)"
+    if not samples:  # a run too short to leave the start-up out
+        samples, seconds, excludes = sum(h["samples"] for h in history), sum(h["seconds"] for h in history), "nothing"
     atomic_write_json(out / "metrics.json", dict(
-        samples_per_second=sum(h["samples"] for h in history) / seconds,
-        samples_per_second_per_rank=history[-1]["samples_per_second_per_rank"],  # the last epoch's
+        samples_per_second=samples / seconds, samples_per_second_excludes=excludes,
+        samples_per_second_per_rank=history[-1].get("samples_per_second_per_rank"),  # the last epoch's, timed steps
         world_size=env.world_size, global_batch_size=global_batch,
         train_loss=history[-1]["train_loss"], valid_loss=valid_loss,
         rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse, device=str(device),

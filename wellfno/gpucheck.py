@@ -1,0 +1,401 @@
+"""Day-0 check of a GPU node: will the course work here? (slurm/00_gpu_check.sbatch runs it.)
+
+    srun ... python -m wellfno.gpucheck task --out DIR      # every task: versions, visible devices,
+                                                           # placement, matmul + FFT vs CPU float64
+    python -m wellfno.gpucheck node --out DIR [--pytest]   # one process: GPU utilization during
+                                                           # training steps; `pytest -m gpu`
+    python -m wellfno.gpucheck report DIR [--expect-gpu]   # DIR/gpu_check.json + gpu_check.txt;
+                                                           # exit 1 when a check failed
+
+On a node without a GPU every part still runs, on the CPU, and the report says
+"no GPU: N/A"; with --expect-gpu (a GPU site, GPU_VENDOR in slurm/site.env) that is a failure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
+
+VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+                "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+# float32 against float64: a 256-term dot product or FFT is good to ~1e-6 relative; TF32
+# matmuls (if a site turned them on) to ~1e-3. Anything worse is a broken device or library.
+MATMUL_TOL = 2e-3
+FFT_TOL = 1e-4
+NO_GPU = "no GPU: N/A"
+
+
+# --------------------------------------------------------------------------- versions
+def _run(cmd: list[str], timeout: float = 10) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
+def driver_version() -> str:
+    """The kernel driver: nvidia-smi on NVIDIA, the amdgpu module on AMD; 'not available' else."""
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if out:
+        return f"NVIDIA {out.splitlines()[0].strip()}"
+    amd = Path("/sys/module/amdgpu/version")
+    if amd.is_file():
+        return f"amdgpu {amd.read_text().strip()}"
+    out = _run(["rocm-smi", "--showdriverversion"])
+    if out:
+        m = re.search(r"[Dd]river version:\s*(\S+)", out)
+        if m:
+            return f"amdgpu {m.group(1)}"
+    return "not available"
+
+
+def versions(torch) -> dict:
+    v = {"python": sys.version.split()[0], "torch": torch.__version__,
+         "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None), "driver": driver_version()}
+    try:
+        v["cudnn_or_miopen"] = torch.backends.cudnn.version() if torch.cuda.is_available() else None
+    except Exception as e:  # noqa: BLE001 - a report, not a crash
+        v["cudnn_or_miopen"] = f"error: {e}"
+    try:
+        nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+        v["nccl_or_rccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    except Exception as e:  # noqa: BLE001
+        v["nccl_or_rccl"] = f"error: {e}"
+    return v
+
+
+# --------------------------------------------------------------------------- numerics
+def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def numerics_check(torch, device, n: int = 256, seed: int = 0) -> dict:
+    """A float32 matmul and a 2-D real FFT on `device`, against numpy in float64."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    field = rng.standard_normal((4, 64, 64))
+    ta = torch.from_numpy(a.astype(np.float32)).to(device)
+    tb = torch.from_numpy(b.astype(np.float32)).to(device)
+    got_mm = (ta @ tb).double().cpu().numpy()       # .cpu() waits for the device: no timing here
+    got_fft = torch.fft.rfft2(torch.from_numpy(field.astype(np.float32)).to(device)).cpu().numpy()
+    mm = rel_error(got_mm, a @ b)
+    fft = rel_error(got_fft.astype(np.complex128), np.fft.rfft2(field))
+    return {"device": str(device), "matmul_rel_error": mm, "matmul_ok": mm <= MATMUL_TOL,
+            "fft_rel_error": fft, "fft_ok": fft <= FFT_TOL}
+
+
+# --------------------------------------------------------------------------- task
+def _report_fields(line: str) -> dict:
+    return dict(re.findall(r"(\w+)=(\S+)", line))
+
+
+def task_record(torch) -> dict:
+    """What this task was handed, and whether its GPUs compute correctly."""
+    from affinity.report import report_line
+
+    rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
+    rec = {"host": socket.gethostname(), "rank": int(rank), "local_rank": int(os.environ.get("SLURM_LOCALID", "0")),
+           "versions": versions(torch), "visible": {k: os.environ.get(k) for k in VISIBLE_VARS},
+           "cpus": sorted(os.sched_getaffinity(0)), "gpus": []}
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for i in range(count):
+        dev = torch.device("cuda", i)
+        gpu = {"index": i, "name": torch.cuda.get_device_name(i)}
+        try:
+            gpu["placement"] = report_line(device=dev)
+            gpu.update({k: v for k, v in _report_fields(gpu["placement"]).items()
+                        if k in ("pci", "gpu_numa", "cpu_numa", "match")})
+        except Exception as e:  # noqa: BLE001 - e.g. an old torch without pci_domain_id
+            gpu["placement"] = f"unknown ({type(e).__name__}: {e})"
+        gpu.update(numerics_check(torch, dev))
+        rec["gpus"].append(gpu)
+    if not count:
+        rec["placement"] = report_line()
+        rec["cpu_check"] = numerics_check(torch, torch.device("cpu"))
+    return rec
+
+
+# --------------------------------------------------------------------------- utilization
+class UtilizationSampler:
+    """GPU busy % of one device, sampled in a thread: torch.cuda.utilization (NVML on NVIDIA,
+    amdsmi on ROCm), else nvidia-smi or rocm-smi by PCI address; 'not available' otherwise."""
+
+    def __init__(self, torch, index: int, pci: str | None, interval: float = 0.1):
+        self.torch, self.index, self.pci, self.interval = torch, index, pci, interval
+        self.values: list[float] = []
+        self.method: str | None = None
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _methods(self):
+        yield "torch.cuda.utilization", lambda: float(self.torch.cuda.utilization(self.index))
+        if self.pci and shutil.which("nvidia-smi"):
+            yield "nvidia-smi", lambda: float(_run(["nvidia-smi", "--query-gpu=utilization.gpu",
+                                                    "--format=csv,noheader,nounits", "-i", self.pci]))
+        if self.pci and shutil.which("rocm-smi"):
+            def rocm():
+                cards = json.loads(_run(["rocm-smi", "--showuse", "--showbus", "--json"]))
+                for card in cards.values():
+                    if str(card.get("PCI Bus", "")).lower() == self.pci.lower():
+                        return float(card["GPU use (%)"])
+                raise RuntimeError(f"rocm-smi lists no GPU at {self.pci}")
+            yield "rocm-smi", rocm
+
+    def pick(self) -> bool:
+        for name, fn in self._methods():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - try the next source
+                self.errors.append(f"{name}: {type(e).__name__}: {e}")
+                continue
+            self.method, self._sample = name, fn
+            return True
+        return False
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                self.values.append(self._sample())
+            except Exception:  # noqa: BLE001 - a missed sample is not a failure
+                pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        if self.pick():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def summary(self) -> dict:
+        if self.method is None:
+            return {"available": False, "text": "not available", "tried": self.errors}
+        if not self.values:
+            return {"available": False, "text": f"not available ({self.method} gave no sample)"}
+        v = np.asarray(self.values)
+        return {"available": True, "method": self.method, "samples": len(v), "mean_percent": float(v.mean()),
+                "median_percent": float(np.median(v)), "max_percent": float(v.max())}
+
+
+def train_steps(torch, device, steps: int, batch: int, grid: int, warmup: int = 5) -> dict:
+    """`steps` training steps of the course's model (fno.py's NextFrameFNO) on random data
+    already on the device: the compute-only rate. Warm-up steps (FFT plans, kernels) excluded."""
+    from wellfno.model import NextFrameFNO
+
+    torch.manual_seed(0)
+    n_fields = 2
+    ones = torch.ones(n_fields)
+    stats = {"mean": 0 * ones, "std": ones, "mean_delta": 0 * ones, "std_delta": 0.1 * ones}
+    model = NextFrameFNO(n_fields, 1, stats).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, n_fields, grid, grid, device=device)
+    y = torch.randn(batch, n_fields, grid, grid, device=device)
+    times = []
+    for step in range(warmup + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step is done on the device, not just queued
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    t = np.asarray(times)
+    return {"device": str(device), "steps": steps, "warmup_steps": warmup, "batch": batch, "grid": grid,
+            "median_step_ms": float(np.median(t) * 1e3), "samples_per_second": float(batch / np.median(t)),
+            "final_loss": float(loss.detach().cpu())}
+
+
+def run_pytest_gpu(repo: Path, timeout: float = 1200) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]
+    try:
+        r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ran": True, "returncode": None, "ok": False, "summary": f"timed out after {timeout:.0f} s"}
+    tail = (r.stdout + r.stderr).strip().splitlines()
+    summary = tail[-1] if tail else ""
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)}
+    # 0 = all passed, 5 = nothing collected/selected; anything else is a failure.
+    return {"ran": True, "command": " ".join(cmd[1:]), "returncode": r.returncode, "ok": r.returncode == 0,
+            "summary": summary, "counts": counts, "output_tail": "\n".join(tail[-30:])}
+
+
+def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Path) -> dict:
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    pci = None
+    if gpu:
+        try:
+            from affinity.bind import visible_gpu_pci
+            pci = visible_gpu_pci(torch)[0]
+        except Exception:  # noqa: BLE001 - old torch: no PCI address, nvidia-smi/rocm-smi unusable
+            pci = None
+    rec = {"host": socket.gethostname(), "gpus_visible": torch.cuda.device_count() if gpu else 0}
+    if gpu:
+        with UtilizationSampler(torch, 0, pci) as sampler:
+            rec["training"] = train_steps(torch, device, steps, batch, grid)
+        rec["utilization"] = sampler.summary()
+    else:
+        rec["training"] = train_steps(torch, device, steps, batch, grid)
+        rec["utilization"] = {"available": False, "text": f"not available ({NO_GPU})"}
+    if pytest and gpu:
+        rec["pytest_gpu"] = run_pytest_gpu(repo)
+    elif pytest:
+        rec["pytest_gpu"] = {"ran": False, "ok": True, "summary": f"not run: {NO_GPU} (every gpu test would skip)"}
+    else:
+        rec["pytest_gpu"] = {"ran": False, "ok": True, "summary": "not run (--pytest not given)"}
+    return rec
+
+
+# --------------------------------------------------------------------------- report
+def build_report(tasks: list[dict], node: dict | None, expect_gpu: bool) -> dict:
+    problems = []
+    if not tasks:
+        problems.append("no task results (did the srun step run?)")
+    for t in tasks:
+        checks = t["gpus"] or ([t["cpu_check"]] if "cpu_check" in t else [])
+        for c in checks:
+            if not c["matmul_ok"]:
+                problems.append(f"rank {t['rank']} {c['device']}: matmul relative error {c['matmul_rel_error']:.2e} > {MATMUL_TOL}")
+            if not c["fft_ok"]:
+                problems.append(f"rank {t['rank']} {c['device']}: FFT relative error {c['fft_rel_error']:.2e} > {FFT_TOL}")
+        if expect_gpu and not t["gpus"]:
+            problems.append(f"rank {t['rank']} on {t['host']}: torch sees no GPU (torch {t['versions']['torch']}, "
+                            f"cuda={t['versions']['cuda']}, hip={t['versions']['hip']}); load the site's GPU build of torch")
+        if expect_gpu and len(t["gpus"]) > 1:
+            problems.append(f"rank {t['rank']}: sees {len(t['gpus'])} GPUs, expected one per task")
+        for g in t["gpus"]:
+            if g.get("match") == "NO":
+                problems.append(f"rank {t['rank']}: its CPUs are not on GPU {g['index']}'s NUMA node ({g['placement']})")
+    seen = [g.get("pci") for t in tasks for g in t["gpus"] if g.get("pci")]
+    if len(seen) != len(set(seen)):
+        problems.append(f"two tasks share a GPU: {sorted(seen)}")
+    if node is None:
+        problems.append("no node results (the training/pytest step did not run)")
+    elif not node["pytest_gpu"]["ok"]:
+        problems.append(f"pytest -m gpu failed: {node['pytest_gpu']['summary']}")
+    any_gpu = any(t["gpus"] for t in tasks)
+    status = "FAIL" if problems else ("PASS" if any_gpu else NO_GPU)
+    return {"status": status, "problems": problems, "expect_gpu": expect_gpu, "tasks": tasks, "node": node}
+
+
+def report_text(rep: dict) -> str:
+    from wellfno.machine import cpu_model
+
+    lines = [f"GPU check: {rep['status']}   (CPU: {cpu_model()})"]
+    if rep["tasks"]:
+        v = rep["tasks"][0]["versions"]
+        lines.append(f"versions: python {v['python']}, torch {v['torch']}, CUDA {v['cuda']}, HIP {v['hip']}, "
+                     f"driver {v['driver']}, cuDNN/MIOpen {v['cudnn_or_miopen']}, NCCL/RCCL {v['nccl_or_rccl']}")
+    for t in rep["tasks"]:
+        vis = " ".join(f"{k}={v}" for k, v in t["visible"].items() if v is not None) or "(no visible-device variable)"
+        lines.append(f"rank {t['rank']} on {t['host']}: {vis}")
+        for g in t["gpus"]:
+            lines.append(f"  GPU {g['index']} {g['name']}: {g['placement']}")
+            lines.append(f"    matmul rel. error {g['matmul_rel_error']:.1e} ({'ok' if g['matmul_ok'] else 'FAILED'}), "
+                         f"FFT rel. error {g['fft_rel_error']:.1e} ({'ok' if g['fft_ok'] else 'FAILED'})")
+        if not t["gpus"]:
+            c = t.get("cpu_check", {})
+            lines.append(f"  {NO_GPU}; {t.get('placement', '')}")
+            if c:
+                lines.append(f"    on the CPU: matmul rel. error {c['matmul_rel_error']:.1e}, FFT rel. error {c['fft_rel_error']:.1e}")
+    node = rep["node"]
+    if node:
+        tr, ut = node["training"], node["utilization"]
+        lines.append(f"training ({tr['device']}, {tr['steps']} steps after {tr['warmup_steps']} warm-up, batch {tr['batch']}, "
+                     f"{tr['grid']}x{tr['grid']}): median step {tr['median_step_ms']:.2f} ms, "
+                     f"{tr['samples_per_second']:.0f} samples/s (compute only, data already on the device)")
+        if ut.get("available"):
+            lines.append(f"GPU utilization during those steps ({ut['method']}, {ut['samples']} samples): "
+                         f"mean {ut['mean_percent']:.0f}%, median {ut['median_percent']:.0f}%, max {ut['max_percent']:.0f}%")
+        else:
+            lines.append(f"GPU utilization: {ut['text']}")
+        lines.append(f"pytest -m gpu: {node['pytest_gpu']['summary']}")
+    for p in rep["problems"]:
+        lines.append(f"PROBLEM: {p}")
+    return "\n".join(lines) + "\n"
+
+
+def load_results(folder: Path) -> tuple[list[dict], dict | None]:
+    tasks = [json.loads(p.read_text()) for p in sorted(folder.glob("task-*.json"))]
+    tasks.sort(key=lambda t: t["rank"])
+    node_file = folder / "node.json"
+    return tasks, (json.loads(node_file.read_text()) if node_file.is_file() else None)
+
+
+# --------------------------------------------------------------------------- CLI
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("task", help="this task: versions, visible devices, placement, matmul + FFT")
+    t.add_argument("--out", required=True)
+    n = sub.add_parser("node", help="utilization during training steps; pytest -m gpu")
+    n.add_argument("--out", required=True)
+    n.add_argument("--steps", type=int, default=30)
+    n.add_argument("--batch-size", type=int, default=16, help="batch size (16: fno.py's default)")
+    n.add_argument("--grid", type=int, default=32, help="grid size (32: the demo dataset)")
+    n.add_argument("--pytest", action="store_true", help="also run `pytest -m gpu` (where torch sees a GPU)")
+    r = sub.add_parser("report", help="merge into gpu_check.json + gpu_check.txt")
+    r.add_argument("folder")
+    r.add_argument("--expect-gpu", action="store_true", help="a GPU site: no GPU is a failure")
+    args = ap.parse_args(argv)
+
+    if args.cmd in ("task", "node"):
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out {out} is a file; give a folder")
+        if args.cmd == "node":
+            for name in ("steps", "batch_size", "grid"):
+                if getattr(args, name) < 1:
+                    raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        out.mkdir(parents=True, exist_ok=True)
+        import torch
+        if args.cmd == "task":
+            rec = task_record(torch)
+            atomic_write_json(out / f"task-{rec['rank']}.json", rec)
+            print(f"gpucheck task: rank {rec['rank']} sees {len(rec['gpus'])} GPU(s)" +
+                  "".join(f"; GPU {g['index']} matmul {'ok' if g['matmul_ok'] else 'FAILED'}, "
+                          f"FFT {'ok' if g['fft_ok'] else 'FAILED'}" for g in rec["gpus"]), flush=True)
+        else:
+            rec = node_record(torch, args.steps, args.batch_size, args.grid, args.pytest,
+                              Path(__file__).resolve().parents[1])
+            atomic_write_json(out / "node.json", rec)
+        return 0
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder with gpucheck results; run the task and node steps first")
+    tasks, node = load_results(folder)
+    rep = build_report(tasks, node, args.expect_gpu)
+    text = report_text(rep)
+    atomic_write_json(folder / "gpu_check.json", rep)
+    atomic_write_text(folder / "gpu_check.txt", text)
+    print(text, end="")
+    return 1 if rep["status"] == "FAIL" else 0
+
+
+if __name__ == "__main__":
+    run_main(main)
