@@ -147,7 +147,7 @@ def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, tmp_path):
 
     ones = torch.ones(2)
     model = NextFrameFNO(2, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones),
-                         modes=4, hidden=8, layers=2)
+                         modes=4, width=8, layers=2)
     x = torch.zeros(8, 2, 16, 16)
     assert metrics["flops_per_sample"] == flops.training_flops_per_sample(model, x, x, model.loss)["per_sample"]
     assert metrics["achieved_flops_per_s"] == pytest.approx(metrics["flops_per_sample"] * metrics["samples_per_second"])
@@ -188,6 +188,8 @@ def test_compile_tracks_float32(script, tiny_data_dir, tmp_path):
 @pytest.mark.parametrize("options, message", [
     (["--log-every", "0"], "--log-every"),
     pytest.param(["--width", "0"], "--width", marks=pytest.mark.slow),
+    pytest.param(["--nvtx", "--device", "cpu"], "--nvtx", marks=pytest.mark.slow),  # NVTX ranges need a GPU
+    pytest.param(["--nvtx", "--profile"], "one at a time", marks=pytest.mark.slow),
 ])
 def test_impossible_values_are_one_line_errors(script, tiny_data_dir, tmp_path, options, message):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN, *options)

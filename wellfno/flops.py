@@ -292,6 +292,24 @@ def efficiency_table(root: Path) -> str:
             + caption(result))
 
 
+def readme_results_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 06 (step, command, what it measured) from its results file."""
+    rows = {r["row"]: r for r in result["data"]["rows"]}
+    first, last = result["data"]["rows"][0], result["data"]["rows"][-1]
+    parts = [f"{first['row']}: {first['samples_per_s']:.1f} samples/s"]
+    for name, r in rows.items():
+        if name != first["row"] and r is not last:
+            parts.append(f"{name} **{r['vs_first']:.2f}×**")
+    compiled = rows.get("+ torch.compile", {}).get("compile_seconds")
+    if compiled:
+        parts[-1] += f" ({compiled:.0f} s compiling, timed apart)"
+    parts.append(f"{last['row'][2:]}: {last['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, MFU "
+                 f"**{100 * last['mfu']:.1f} %** of the {last['peak_precision']} peak ({result['data']['peak_device']}"
+                 f", an estimate)" if last["mfu"] is not None else f"{last['row'][2:]}: MFU unknown")
+    return ["06", f"`{result['command']}` ([exercise 06](exercises/06_efficiency/README.md#what-you-should-see))",
+            "; ".join(parts) + "; GPU: the same command, to be measured"]
+
+
 def gpu_peak_table(root: Path) -> str:
     """README renderer: the GPU rows of the peak table (datasheet values, the same on every machine)."""
     return peak_table(include_cpu=False)
@@ -311,7 +329,7 @@ def main(argv=None):
 
     ones = torch.ones(args.fields)
     model = NextFrameFNO(args.fields, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones),
-                         modes=args.modes, hidden=args.width, layers=args.layers)
+                         modes=args.modes, width=args.width, layers=args.layers)
     x = torch.randn(2, args.fields, args.size, args.size)
     counted = training_flops_per_sample(model, x, x, model.loss)
     print(f"FNO width {args.width}, modes {args.modes}, layers {args.layers}, {args.size}x{args.size}: "

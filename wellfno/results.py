@@ -511,6 +511,11 @@ def readme_results_table(root: Path) -> str:
     else:
         rows.append(["04", "`python solutions/04_distributed_stats/benchmark.py --json results/04_stats_benchmark.json`",
                      f"timings to be measured (no results file yet); {tested}", "—"])
+    efficiency = use("efficiency_cpu/efficiency.json")
+    if efficiency:  # exercise 06: its sentence lives beside the table it summarises
+        from wellfno.flops import readme_results_row
+
+        rows.append(readme_results_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
     machines = {}
     for name, res in results.items():
         if res:

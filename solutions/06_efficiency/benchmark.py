@@ -62,7 +62,7 @@ def flops_per_sample(dataset_dir: Path, width: int, batch_size: int) -> float:
     splits = data.well_datasets(dataset_dir, 1)
     fields, grid = len(data.channel_names(splits["train"])), tuple(splits["train"][0]["input_fields"].shape[1:3])
     ones = torch.ones(fields)
-    model = NextFrameFNO(fields, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones), hidden=width)
+    model = NextFrameFNO(fields, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones), width=width)
     x = torch.zeros(batch_size, fields, *grid)
     return flops.training_flops_per_sample(model, x, x[:, :fields], model.loss)["per_sample"]
 

@@ -5,21 +5,16 @@
     torchrun --nproc-per-node 4 solutions/06_efficiency/fno.py --amp bf16  # with DDP, as solution 05
     nsys profile --trace=cuda,nvtx,osrt -o runs/nsys python solutions/06_efficiency/fno.py --nvtx --max-steps 50
 
-Earlier steps:
+Solution 05:
 
     torchrun --nproc-per-node 4 solutions/05_ddp/fno.py --batch-size 16      # 4 ranks, 16 samples each per step
     srun -N 2 --ntasks-per-node 4 --gpus-per-task 1 python solutions/05_ddp/fno.py   # one task per GPU
     python solutions/05_ddp/fno.py                                            # one rank, as solution 03
     torchrun --nproc-per-node 3 solutions/05_ddp/fno.py --eval-only --out runs/ddp  # evaluate OUT/checkpoint.pt
-    python fno.py                                   # embedded Gray-Scott data, made on first use
-    python fno.py --dataset turbulent_radiative_layer_2D --data-dir /scratch/well --download
-    python solutions/01_profiling/fno.py --profile --max-steps 12   # trace steps 7-11, then stop
-    python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --persistent-workers --fast-reader
-    srun -n 4 --gpus-per-node=4 python solutions/03_affinity/fno.py --num-workers 4 --bind exclusive
 
 Rank 0 writes OUT/metrics.json (with FLOPs per sample, achieved FLOP/s and MFU), OUT/rollout.png and
-OUT/checkpoint.pt (`--resume` continues from it, with any number of ranks);
---eval-only writes OUT/eval.json and OUT/rollout.png.
+OUT/checkpoint.pt (`--resume` continues from it, with any number of ranks); --eval-only writes OUT/eval.json
+and OUT/rollout.png.
 """
 import argparse
 import contextlib
@@ -29,14 +24,15 @@ import os
 import resource
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from the_well.data import WellDataset
+from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
@@ -45,12 +41,13 @@ from affinity.report import report_line
 from profiling import summarize, timeline, traces
 
 from wellfno import data, flops, plots
-from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
-from wellfno.device import pick_backend
-from wellfno.fastwell import fast_datasets
+from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
+from wellfno.device import DEVICE_CHOICES, pick_backend, pick_device
+from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
+from wellfno.watchdog import Watchdog
 
 
 def parse_args(argv=None):
@@ -64,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="samples per step on each rank")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -97,9 +94,6 @@ def parse_args(argv=None):
     p.add_argument("--nvtx", action="store_true",
                    help="emit the record_function ranges as NVTX (NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     args = p.parse_args(argv)
-    if args.nvtx and args.profile:
-        raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3, --profile to torch.profiler: "
-                        "use one at a time")
     if args.num_workers < 0 or (args.prefetch_factor is not None and args.prefetch_factor < 1):
         raise UserError("--num-workers must be 0 or more and --prefetch-factor at least 1")
     if args.num_workers == 0 and (args.prefetch_factor is not None or args.persistent_workers):
@@ -109,22 +103,20 @@ def parse_args(argv=None):
         args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
         if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
             raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active (>= 1)")
+    if args.nvtx and args.profile:
+        raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3, --profile to torch.profiler: "
+                        "use one at a time")
     for name in ("epochs", "batch_size", "n_steps_input", "log_every", "width", "modes", "layers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.timeout <= 0:
-        raise UserError("--timeout must be more than 0 seconds")
+    if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
+        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to 2**63-1")
+    if not 0 < args.timeout < float("inf"):
+        raise UserError("--timeout must be a positive number of seconds")
     if args.eval_only and args.profile:
         raise UserError("--profile traces training steps: drop it with --eval-only")
+    check_output_dir(args.out)
     return args
-
-
-def pick_device(name):
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but torch sees no GPU: use --device cpu, or run on a GPU node")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm builds report as cuda too
-    return torch.device(name)
 
 
 def synchronize(device):
@@ -195,14 +187,22 @@ class ComplexGradsAsReal:
         return self.optimizer.step(*args, **kwargs)
 
 
-def train_one_epoch(model, loss_fn, loader, optimizer, scaler, autocast, device, epoch, steps_left, log_every,
-                    prof=None, show=True, first_step_apart=False):
-    """Train for an epoch; the loss stays on the device and is read back every `log_every` steps."""
+WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
+
+
+def train_one_epoch(model, loss_fn, loader, optimizer, scaler, autocast, device, epoch, max_steps=None,
+                    untimed_steps=0, log_every=1, prof=None, show=True):
+    """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history (this rank's).
+
+    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds); with
+    --compile the first of them compiles (untimed_seconds). The loss stays on the device and is read
+    back every `log_every` steps (loss_log: [step, mean loss so far]).
+    """
     model.train()
     loss_sum = torch.zeros((), device=device)  # sum of loss x batch size, on the device
-    samples, step, untimed, first_step_seconds, loss_log = 0, 0, 0, None, []
+    samples, steps, timed_samples, loss_log = 0, 0, 0, []
     synchronize(device)
-    start = time.perf_counter()
+    start = timed_from = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True, disable=not show)
     batches = iter(bar)
     while True:
@@ -221,27 +221,25 @@ def train_one_epoch(model, loss_fn, loader, optimizer, scaler, autocast, device,
             scaler.step(ComplexGradsAsReal(optimizer))  # = optimizer.step(); fp16: unscale, skip inf/nan steps
             scaler.update()
         loss_sum += loss.detach() * len(x)  # queued on the device: no wait
-        samples += len(x)
-        step += 1
-        if first_step_apart and step == 1:  # torch.compile compiles during the first step: time it apart
-            synchronize(device)
-            first_step_seconds, untimed, start = time.perf_counter() - start, samples, time.perf_counter()
-        if step % log_every == 0:  # the one read-back (a host sync) every log_every steps
-            loss_log.append([step, loss_sum.item() / samples])  # [step of the epoch, mean loss so far]
-            bar.set_postfix(loss=f"{loss_log[-1][1]:.4f}",
-                            samples_per_s=f"{(samples - untimed) / (time.perf_counter() - start):.0f}")
-        steps_left -= 1
+        samples, steps = samples + len(x), steps + 1
+        if steps <= untimed_steps:
+            synchronize(device)  # the untimed steps end here on the device too (a compile included)
+            timed_from = time.perf_counter()
+        else:
+            timed_samples += len(x)
+        if steps % log_every == 0:  # the one read-back (a host sync) every log_every steps
+            loss_log.append([steps, loss_sum.item() / samples])
+            bar.set_postfix(loss=f"{loss_log[-1][1]:.4f}")
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
-        if steps_left == 0:
+        if steps == max_steps:
             break
     bar.close()
-    total_loss = loss_sum.item()  # waits for the last step, so the time below is the device's too
-    seconds = time.perf_counter() - start
-    if samples == untimed:  # a one-step run: nothing but the compiling step to time
-        untimed, seconds = 0, first_step_seconds
-    return total_loss / samples, samples, seconds, dict(timed_samples=samples - untimed,
-                                                        first_step_seconds=first_step_seconds, loss_log=loss_log)
+    total_loss = loss_sum.item()  # waits for the last step, so the times below are the device's too
+    end = time.perf_counter()
+    return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps, seconds=end - start,
+                timed_samples=timed_samples, timed_seconds=end - timed_from, untimed_seconds=timed_from - start,
+                loss_log=loss_log)
 
 
 @torch.no_grad()
@@ -258,18 +256,21 @@ def validate(model, loader, device):
     return (total[0] / total[1]).item()
 
 
-def over_ranks(train_loss, samples, seconds, device, timed):
-    """One epoch of every rank: mean loss over all samples, samples, the slowest rank's seconds, per-rank rates.
-
-    The rates count the `timed` samples (all but a compiling first step) over the timed seconds.
-    """
-    mine = torch.tensor([train_loss * samples, samples, seconds, timed], dtype=torch.float64, device=device)
+def over_ranks(row, device):
+    """This epoch's row for all ranks: loss over every sample, samples summed, the slowest rank's seconds."""
+    keys = ("train_loss", "samples", "seconds", "timed_samples", "timed_seconds")
+    mine = torch.tensor([row["train_loss"] * row["samples"], *(row[k] for k in keys[1:])], dtype=torch.float64,
+                        device=device)
     everyone = [mine]
     if dist.is_initialized():
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(everyone, mine)
-    loss_sum, n, secs, timed = torch.stack(everyone).cpu().T
-    return (loss_sum.sum() / n.sum()).item(), int(n.sum()), secs.max().item(), (timed / secs).tolist()
+    loss_sum, samples, seconds, timed_samples, timed_seconds = torch.stack(everyone).cpu().double().T
+    return dict(row, train_loss=(loss_sum.sum() / samples.sum()).item(), samples=int(samples.sum()),
+                seconds=seconds.max().item(), timed_samples=int(timed_samples.sum()),
+                timed_seconds=timed_seconds.max().item(), world_size=len(everyone),
+                samples_per_second_per_rank=((timed_samples / timed_seconds) if timed_samples.all() else
+                                             (samples / seconds)).tolist())
 
 
 def samples_left_out(sampler):
@@ -283,82 +284,34 @@ def samples_left_out(sampler):
     return sorted(set(range(len(sampler.dataset))) - taken)
 
 
-FAILED_KEY = "wellfno/failed"
-
-
-class FailureWatch:
-    """Ends this rank within seconds when another rank failed, instead of waiting in a collective.
-
-    A rank that raises posts "rank R: what happened" in the process group's key-value store (`fail`);
-    a thread here polls the store and, when it finds a post (or the store's host, rank 0, is gone),
-    prints one line and exits. A rank that dies without a word breaks gloo's connections at once;
-    under NCCL the collective --timeout ends the others (TORCH_NCCL_ASYNC_ERROR_HANDLING).
-    """
-
-    def __init__(self, rank, poll_s=1.0):
-        self.rank, self.poll_s, self.done = rank, poll_s, threading.Event()
-        self.store = dist.distributed_c10d._get_default_store()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self):
-        while not self.done.wait(self.poll_s):
-            try:
-                if not self.store.check([FAILED_KEY]):
-                    continue
-                why = self.store.get(FAILED_KEY).decode()
-            except Exception:  # noqa: BLE001 - the store lives in rank 0: it is gone
-                if self.done.wait(3 * self.poll_s):
-                    return  # rank 0 simply finished first
-                why = "rank 0 ended (it hosts the rendezvous)"
-            print(f"error: rank {self.rank} stops: {why}", file=sys.stderr, flush=True)
-            os._exit(1)
-
-    def fail(self, err):
-        try:
-            self.store.set(FAILED_KEY, f"rank {self.rank}: {str(err).splitlines()[0] if str(err) else ''}"
-                                       f"{'' if isinstance(err, UserError) else f' ({err.__class__.__name__})'}")
-        except Exception:  # noqa: BLE001 - the store is gone too: the launcher or --timeout ends the others
-            pass
-
-
 def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; no launcher: rank 0 of 1
+    device = pick_device(args.device)
+    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size, device.type == "cuda",
+                                   env.step_gpus)
+    if args.device != "auto" and device.type != args.device:
+        raise UserError(f"--backend {backend} and --device {args.device} do not go together: nccl runs on GPUs, "
+                        f"gloo here on CPUs")
     if not env.is_distributed:
-        return train(args, env)
-    watch = None
+        return train(args, env, None, device)
+    env.export_rendezvous()  # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
     try:
-        backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                       prefer_gpu=args.device != "cpu")
-        env.export_rendezvous()  # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
-        try:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
-                                    device_id=device if device.type == "cuda" else None)
-        except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
-            raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
-                            f"{str(err).splitlines()[0] if str(err) else ''})") from None
-        watch = FailureWatch(env.rank)
-        train(args, env, backend, device)
-        dist.barrier()  # nobody leaves while another still needs rank 0's store
-        watch.done.set()
-    except BaseException as err:
-        if watch is not None and not isinstance(err, KeyboardInterrupt):
-            watch.fail(err)
-        raise
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
+                                device_id=device if device.type == "cuda" else None)
+    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
+        raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    try:
+        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends every rank, in seconds
+            train(args, env, backend, device)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
-def train(args, env, backend=None, device=None):
+def train(args, env, backend, device):
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's anyway)
-    if device is None:
-        if args.backend != "auto":  # checked even for one rank: `--backend nccl` on a laptop is a mistake
-            pick_backend(args.backend, env.local_rank, env.local_world_size, prefer_gpu=args.device != "cpu")
-        device = pick_device(args.device)
-    elif args.device != "auto" and device.type != args.device:
-        raise UserError(f"--backend {backend} and --device {args.device} do not go together: "
-                        f"nccl works on GPUs, gloo here on CPUs")
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
@@ -377,19 +330,25 @@ def train(args, env, backend=None, device=None):
                         f"--out at the folder of a trained run")
     if env.rank > 0:
         dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
-    dataset_dir = data.resolve_dataset(args.data_dir, args.dataset, args.download)
+    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     if env.rank == 0 and env.is_distributed:
         dist.barrier()
-    splits = (fast_datasets if args.fast_reader else data.well_datasets)(dataset_dir, args.n_steps_input)
+    data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with DATASET/stats.yaml.
+    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_input=args.n_steps_input,
+                            n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,
+                            return_grid=False, boundary_return_type=None)
+              for split in ("train", "valid")}
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} samples, fewer than "
                             f"the {env.world_size} ranks: start at most {len(splits[split])} ranks")
     fields = data.channel_names(splits["train"])
-    stats = channel_stats(data.load_stats(dataset_dir), splits["train"].core_field_names)
-    grid = tuple(splits["train"][0]["input_fields"].shape[1:3])  # (H, W) of a frame
+    stats = channel_stats(dataset_stats, splits["train"].core_field_names)
+    grid = tuple(splits["train"][0]["input_fields"].shape[1:-1])  # the spatial sizes of a frame
     if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has up to N/2
-        raise UserError(f"--modes {args.modes} is more than the {grid[0]}x{grid[1]} grid holds: the highest "
+        raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid holds: the highest "
                         f"frequency kept, modes/2, must not pass the grid's N/2: use --modes {min(grid)} or fewer")
     if args.pin_memory and device.type != "cuda":  # page-locking only speeds up copies to a GPU; torch would warn
         log(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
@@ -414,7 +373,7 @@ def train(args, env, backend=None, device=None):
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    model = NextFrameFNO(len(fields), args.n_steps_input, stats, modes=args.modes, hidden=args.width,
+    model = NextFrameFNO(len(fields), args.n_steps_input, stats, modes=args.modes, width=args.width,
                          layers=args.layers).to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -426,21 +385,20 @@ def train(args, env, backend=None, device=None):
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
     first_epoch, step, history = 1, 0, []
     if (args.resume or args.eval_only) and checkpoint.exists():  # every rank loads it: same model, same Adam state
-        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        state = load_checkpoint(checkpoint, map_location=device)
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             scaler.load_state_dict(state.get("scaler", {}))
-        except (RuntimeError, ValueError):
+            first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+        except (KeyError, RuntimeError, ValueError):
             raise UserError(f"{checkpoint} was trained with other settings: use another --out or drop --resume")
-        first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
         log(f"{'Evaluating' if args.eval_only else 'Resuming from'} {checkpoint} after epoch {state['epoch']}"
             f" (trained with {state.get('world_size', 1)} rank(s), now {env.world_size})")
-    # DDP: backward averages the gradients over the ranks (all-reduce, bucket by bucket, overlapped with
-    # the rest of the backward), so every rank makes the same step. The buffers are constants from
-    # stats.yaml: no need to broadcast them before every forward.
-    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        broadcast_buffers=False) if env.is_distributed else model
+    # DDP copies rank 0's weights to all ranks; backward averages the gradients over the ranks (all-reduce,
+    # bucket by bucket, overlapped with the rest of the backward): every rank makes the same step.
+    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None
+                                        ) if env.is_distributed else model
     train_model = torch.compile(ddp_model) if args.compile else ddp_model  # compiles at its first call
     global_batch = args.batch_size * env.world_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, {device.type}): "
@@ -454,14 +412,14 @@ def train(args, env, backend=None, device=None):
     if args.profile:
         first = args.profile_wait + args.profile_warmup  # the recorded steps are ProfilerStep#first..#last
         trace = out / f"trace_rank{env.rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        activities = [ProfilerActivity.CPU]
-        if device.type == "cuda":  # kernels and copies on the GPU (ROCm builds too); never asked for on CPU
-            activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=True, profile_memory=args.profile_memory,
+        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        prof = profile(activities=activities, profile_memory=args.profile_memory,
                        with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace, env.rank),
                        schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
                                          active=args.profile_active, repeat=1))
         prof.start()
+
     # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch sends them to ROCTx.
     nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
     nvtx.__enter__()
@@ -473,24 +431,19 @@ def train(args, env, backend=None, device=None):
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: {len(splits['train'])} samples "
                 f"do not divide by {env.world_size} ranks)")
-        steps_left = args.max_steps - step if args.max_steps else -1
-        train_loss, samples, seconds, timing = train_one_epoch(
-            train_model, model.loss, train_loader, optimizer, scaler, autocast, device, epoch, steps_left,
-            args.log_every, prof, show=env.rank == 0, first_step_apart=args.compile and step == 0)
-        step += -(-samples // args.batch_size)
+        row = train_one_epoch(train_model, model.loss, train_loader, optimizer, scaler, autocast, device, epoch,
+                              max_steps=args.max_steps - step if args.max_steps else None,
+                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, log_every=args.log_every,
+                              prof=prof, show=env.rank == 0)
+        step += row["steps"]  # the same on every rank
         if prof and step >= args.max_steps:
             break  # the profiled window is over: no validation, no checkpoint
-        train_loss, samples, seconds, rank_rates = over_ranks(train_loss, samples, seconds, device,
-                                                              timing["timed_samples"])
-        valid_loss = validate(model, valid_loader, device)
-        history.append(dict(epoch=epoch, train_loss=train_loss, valid_loss=valid_loss, samples=samples,
-                            seconds=seconds, world_size=env.world_size, samples_per_second_per_rank=rank_rates,
-                            samples_left_out=left_out, timed_samples=timing["timed_samples"] * env.world_size,
-                            first_step_seconds=timing["first_step_seconds"], loss_log=timing["loss_log"]))
-        compiling = timing["first_step_seconds"]
-        log(f"epoch {epoch}/{args.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
-            f"{timing['timed_samples'] * env.world_size / seconds:.0f} samples/s ({env.world_size} rank(s))"
-            + (f"  (first step, compiling: {compiling:.1f} s, timed apart)" if compiling else ""))
+        row = over_ranks(row, device)
+        row["valid_loss"], row["samples_left_out"] = validate(model, valid_loader, device), left_out
+        history.append(row)
+        log(f"epoch {epoch}/{args.epochs}  train_loss {row['train_loss']:.4f}  valid_loss {row['valid_loss']:.4f}  "
+            f"{row['samples'] / row['seconds']:.0f} samples/s ({env.world_size} rank(s))"
+            + (f"; first step (compiling) {row['untimed_seconds']:.1f} s" if args.compile and epoch == 1 else ""))
         if env.rank == 0:  # one writer; the others hold the same model
             atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                                                scaler=scaler.state_dict(), epoch=epoch, step=step, history=history,
@@ -515,9 +468,9 @@ def train(args, env, backend=None, device=None):
                                                                 world_size=env.world_size)
     if env.rank > 0:
         return
+    true, pred = example
     for k in range(min(5, len(model_vrmse))):
         print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence {persistence_vrmse[k]:.4f}")
-    true, pred = example
     plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"], std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     if args.eval_only:
@@ -526,9 +479,13 @@ def train(args, env, backend=None, device=None):
             world_size=env.world_size, epoch=history[-1]["epoch"], device=str(device), dataset=str(dataset_dir)))
         print(f"valid_loss {valid_loss:.6f}; wrote {out / 'eval.json'}, {out / 'rollout.png'}")
         return
-    seconds = sum(h["seconds"] for h in history)
-    samples_per_second = sum(h.get("timed_samples", h["samples"]) for h in history) / seconds
-    efficiency = flops.utilization(counted["per_sample"], samples_per_second, flops.device_peak(device), args.amp,
+    samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
+    excludes = f"the first {WARMUP_STEPS} step(s) of this run (start-up: FFT plans, allocator, loader start)"
+    if not samples:  # a run too short to leave the start-up out
+        samples, seconds, excludes = sum(h["samples"] for h in history), sum(h["seconds"] for h in history), "nothing"
+    if args.compile and excludes != "nothing":
+        excludes += ", with --compile the compiling step"
+    efficiency = flops.utilization(counted["per_sample"], samples / seconds, flops.device_peak(device), args.amp,
                                    devices=env.world_size)
     mfu = efficiency["mfu"]
     print(f"{efficiency['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s achieved; MFU "
@@ -541,10 +498,10 @@ def train(args, env, backend=None, device=None):
         peak_memory = dict(peak_memory_bytes=rss * (1 if sys.platform == "darwin" else 1024),
                            peak_memory_of="process (max RSS)")
     atomic_write_json(out / "metrics.json", dict(
-        samples_per_second=samples_per_second, **efficiency, flops_by_kind=counted["by_kind"],
-        compile_seconds=history[0]["first_step_seconds"] if args.compile and first_epoch == 1 else None,
-        **peak_memory,
-        samples_per_second_per_rank=history[-1]["samples_per_second_per_rank"],  # the last epoch's
+        samples_per_second=samples / seconds, samples_per_second_excludes=excludes, **efficiency,
+        flops_by_kind=counted["by_kind"], **peak_memory,
+        compile_seconds=history[0]["untimed_seconds"] if args.compile and first_epoch == 1 else None,
+        samples_per_second_per_rank=history[-1].get("samples_per_second_per_rank"),  # the last epoch's, timed steps
         world_size=env.world_size, global_batch_size=global_batch,
         train_loss=history[-1]["train_loss"], valid_loss=valid_loss,
         rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse, device=str(device),
