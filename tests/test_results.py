@@ -132,7 +132,7 @@ def test_readme_row_for_step_04_says_what_ran(tmp_path):
               dict(name="distributed, 2 rank(s) (torchrun)", ranks=2, seconds=2.5)])))
     table = results.readme_results_table(tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| 04 |"))
-    assert "1 rank 4.00 s, 2 ranks 2.50 s (1.6× with 2 ranks)" in row      # 4.0 / 2.5 by hand
+    assert "1 rank 4.00 s, 2 ranks 2.50 s (speed-up 1.6× with 2 ranks)" in row      # 4.0 / 2.5 by hand
     assert "2 of 2 distributed runs bit for bit equal" in row and "two torchrun agents on one machine" in row
     assert "[`results/04_stats_benchmark.json`](results/04_stats_benchmark.json)" in row
     assert "`04_stats_benchmark.json` 3.0 (2026-11-30)" in table

@@ -525,7 +525,7 @@ def readme_results_table(root: Path) -> str:
                 ", ".join(f"{n} rank{'s' if n > 1 else ''} {r['seconds']:.2f} s" for n, r in sorted(by_ranks.items())))
         if 1 in by_ranks and len(by_ranks) > 1:
             n = max(by_ranks)
-            text += f" ({by_ranks[1]['seconds'] / by_ranks[n]['seconds']:.1f}× with {n} ranks)"
+            text += f" (speed-up {by_ranks[1]['seconds'] / by_ranks[n]['seconds']:.1f}× with {n} ranks)"
         text += (f"; {len(same)} of {len(d['bitwise_identical_to_serial'])} distributed runs bit for bit equal to "
                  f"the serial `stats.yaml`; {tested}")
         rows.append(["04", f"`{stats['command']}`", text, _link("04_stats_benchmark.json")])
@@ -535,7 +535,9 @@ def readme_results_table(root: Path) -> str:
     machines = {}
     for name, res in results.items():
         if res:
-            machines.setdefault(describe(res["machine"]).split(", load average")[0], []).append(
+            m = res["machine"]
+            machines.setdefault(f"{m.get('cpu', 'unknown CPU')}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')}, "
+                                f"{m.get('gpu') or 'no GPU'}", []).append(
                 f"`{name}` {res['machine'].get('load_average', '?')} ({res.get('measured_at', '')[:10]})")
     notes = "; ".join(f"{m} — load average at the end of each run: {', '.join(v)}" for m, v in machines.items())
     return md_table(["step", "command", "what it measured", "results file"], rows) + f"\n\n_Machine: {notes}._"
