@@ -83,7 +83,10 @@ results: venv data
 	    --results results/profiling_overhead.json; \
 	$(PY) profiling/threads.py --data-dir $(DATA_DIR) --threads 1,2 --busy 0,1 --results results/threads.json; \
 	$(PY) affinity/benchmark.py --out results/affinity_benchmark.json; \
-	$(PY) solutions/04_distributed_stats/benchmark.py --ranks 1,2 --json results/04_stats_benchmark.json
+	$(PY) solutions/04_distributed_stats/benchmark.py --synthetic-gb 1 --ranks 1,2 --repeat 3 \
+	    --json results/04_stats_benchmark.json; \
+	$(PY) solutions/06_efficiency/benchmark.py --data-dir $(DATA_DIR) --out results/efficiency_cpu --steps 20 \
+	    --common "--bind none"
 	$(PY) -m wellfno.results render
 
 clean:

@@ -132,7 +132,7 @@ def test_readme_row_for_step_04_says_what_ran(tmp_path):
               dict(name="distributed, 2 rank(s) (torchrun)", ranks=2, seconds=2.5)])))
     table = results.readme_results_table(tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| 04 |"))
-    assert "1 rank 4.00 s, 2 ranks 2.50 s (1.6× with 2 ranks)" in row      # 4.0 / 2.5 by hand
+    assert "1 rank 4.00 s, 2 ranks 2.50 s (speed-up 1.6× with 2 ranks)" in row      # 4.0 / 2.5 by hand
     assert "2 of 2 distributed runs bit for bit equal" in row and "two torchrun agents on one machine" in row
     assert "[`results/04_stats_benchmark.json`](results/04_stats_benchmark.json)" in row
     assert "`04_stats_benchmark.json` 3.0 (2026-11-30)" in table
@@ -216,3 +216,14 @@ def test_overhead_times_every_step_of_the_solutions_loop(tiny_data_dir, tmp_path
     assert data["before"]["ratio"] == pytest.approx(data["before"]["profiled_steps_per_s"]
                                                     / data["before"]["plain_steps_per_s"])
     assert "| before the window (wait) |" in results.overhead_table(tmp_path)
+
+
+def test_a_failed_step_is_shown_not_hidden(tmp_path):
+    _write(tmp_path, "runtimes.json", "python -m wellfno.results runtimes", {"rows": [
+        dict(step="00", command="python fno.py", seconds=3.0, failed="ImportError: cannot import name 'x'"),
+        dict(step="01", command="python solutions/01_profiling/fno.py --profile", seconds=2.0, failed="boom")]})
+    assert "| 00 | `python fno.py` | 3.0 s — **failed**: `ImportError: cannot import name 'x'` |" \
+        in results.runtimes_table(tmp_path)
+    assert "`python fno.py` failed in the last measurement" in results.demo_run_summary(tmp_path)
+    assert "failed in the last measurement (`boom`)" in results.profile_transcript(tmp_path)
+    assert "| 00 |" not in results.readme_results_table(tmp_path)   # no numbers to quote
