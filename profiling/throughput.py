@@ -85,6 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the main process (0: torch's default)")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", help="also write the numbers to this results file (wellfno.results: the docs' tables)")
     args = p.parse_args(argv)
     for name in ("batch_size", "n_steps_input", "repeats"):
         if getattr(args, name) < 1:
@@ -320,6 +321,9 @@ def main(argv=None):
                   config={k: str(v) if k == "device" else v for k, v in vars(args).items() if k != "dataset_dir"},
                   readers=readers, rows=rows)
     atomic_write_json(out / "throughput.json", result)
+    if args.results:
+        from wellfno.results import write_result
+        write_result(args.results, result["command"], result, device)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()

@@ -127,3 +127,24 @@ def test_fields_the_same_in_every_trajectory_but_changing_in_time_are_refused(tm
             f["t1_fields/u"].attrs["sample_varying"] = False
     with pytest.raises(UserError, match="u changes in time but is the same in every trajectory.*drop --fast-reader"):
         FastWellDataset(folder, "train", 1)
+
+
+def test_a_drop_in_for_welldataset_with_the_same_arguments(tiny_dataset_dir):
+    """Exercise 02's diff is WellDataset(...) -> FastWellDataset(...): the same keyword arguments, the same samples."""
+    from the_well.data import WellDataset
+    from the_well.data.normalization import ZScoreNormalization
+
+    arguments = dict(path=str(tiny_dataset_dir), well_split_name="valid", n_steps_input=2, n_steps_output=1,
+                     use_normalization=True, normalization_type=ZScoreNormalization, return_grid=False,
+                     boundary_return_type=None)
+    well, fast = WellDataset(**arguments), FastWellDataset(**arguments)
+    assert len(fast) == len(well)
+    for index in (0, len(well) - 1):
+        assert_same_sample(well[index], fast[index], f"index {index}")
+
+
+@pytest.mark.parametrize("unsupported", [dict(return_grid=True), dict(boundary_return_type="padding"),
+                                         dict(normalization_type=object)])
+def test_what_the_fast_reader_cannot_do_is_a_user_error(tiny_dataset_dir, unsupported):
+    with pytest.raises(UserError, match="drop --fast-reader"):
+        FastWellDataset(tiny_dataset_dir, "valid", 1, **unsupported)

@@ -8,6 +8,7 @@ that no off-by-one shifts the two apart).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from wellfno.data import model_inputs
 
@@ -42,29 +43,62 @@ def persistence(inputs: torch.Tensor, n_steps: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_rollouts(model, dataset, device, max_steps: int | None = None, max_trajectories: int = 16):
+def evaluate_rollouts(model, dataset, device, max_steps: int | None = None, max_trajectories: int = 16,
+                      rank: int = 0, world_size: int = 1):
     """Mean VRMSE per rollout step (averaged over fields and trajectories) for the model and persistence.
 
     Returns (model_vrmse, persistence_vrmse, example) where example holds (true, pred)
     of the trajectory that changes most in one step (the most instructive to plot).
+
+    With world_size > 1 (torch.distributed initialised) each rank rolls out its share of the
+    trajectories (rank, rank + world_size, ...) and the error sums and counts are all-reduced: every
+    trajectory is counted once, whatever the world size (no padding, unlike DistributedSampler), and
+    every rank returns the curves of one process. The example is returned on rank 0, None elsewhere.
     """
     model.eval()
-    model_err, persist_err, example, most_change = [], [], None, -1.0
-    for i in range(min(len(dataset), max_trajectories)):
-        sample = dataset[i]
-        inputs = sample["input_fields"].unsqueeze(0).to(device)
-        true = sample["output_fields"].unsqueeze(0).to(device)
-        constants = sample.get("constant_fields")
-        constants = None if constants is None else constants.unsqueeze(0).to(device)
+    n_trajectories = min(len(dataset), max_trajectories)
+    curves, best = [], None  # best: (change in one step, index, true, pred)
+    for i in range(rank, n_trajectories, world_size):
+        inputs, true, pred = _rollout_trajectory(model, dataset, i, device, max_steps)
         n_spatial_dims = inputs.ndim - 3  # (1, T, *spatial, F)
-        n = true.shape[1] if max_steps is None else min(max_steps, true.shape[1])
-        true = true[:, :n]
-        pred = rollout(model, inputs, n, constants)
-        model_err.append(vrmse(pred, true, n_spatial_dims).mean(-1)[0])
-        persist_err.append(vrmse(persistence(inputs, n), true, n_spatial_dims).mean(-1)[0])
-        if persist_err[-1][0] > most_change:
-            most_change, example = persist_err[-1][0].item(), (true[0].cpu(), pred[0].cpu())
-    n = min(len(e) for e in model_err)
-    model_curve = torch.stack([e[:n] for e in model_err]).mean(0)
-    persist_curve = torch.stack([e[:n] for e in persist_err]).mean(0)
+        curves.append((vrmse(pred, true, n_spatial_dims).mean(-1)[0],
+                       vrmse(persistence(inputs, true.shape[1]), true, n_spatial_dims).mean(-1)[0]))
+        change = curves[-1][1][0].item()  # persistence's error after one step: how much the field moves
+        if best is None or change > best[0]:
+            best = (change, i, true, pred)
+    # Curves as long as the shortest trajectory; sums in float64, so that the order of the ranks does not matter.
+    steps = torch.tensor([min((len(m) for m, _ in curves), default=2**62)], device=device)
+    if world_size > 1:
+        dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+    sums = torch.zeros(2, int(steps.item()), dtype=torch.float64, device=device)
+    for model_err, persist_err in curves:
+        sums[0] += model_err[:sums.shape[1]]
+        sums[1] += persist_err[:sums.shape[1]]
+    # The example: largest change, then lowest index (the first of equals, as in one process).
+    mine = torch.tensor([best[0], -best[1]] if best else [-1.0, -n_trajectories], dtype=torch.float64,
+                        device=device)
+    chosen = mine
+    if world_size > 1:
+        dist.all_reduce(sums)
+        everyone = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(everyone, mine)
+        chosen = max(everyone, key=lambda b: tuple(b.tolist()))
+    model_curve, persist_curve = (sums / n_trajectories).float()
+    example = None
+    if rank == 0:
+        index = int(-chosen[1].item())
+        _, true, pred = best[1:] if best and best[1] == index else _rollout_trajectory(model, dataset, index,
+                                                                                       device, max_steps)
+        example = (true[0].cpu(), pred[0].cpu())
     return model_curve.tolist(), persist_curve.tolist(), example
+
+
+def _rollout_trajectory(model, dataset, i: int, device, max_steps: int | None):
+    """(inputs, true, pred) of trajectory i, batch of one, on `device`."""
+    sample = dataset[i]
+    inputs = sample["input_fields"].unsqueeze(0).to(device)
+    true = sample["output_fields"].unsqueeze(0).to(device)
+    constants = sample.get("constant_fields")
+    constants = None if constants is None else constants.unsqueeze(0).to(device)
+    true = true[:, :true.shape[1] if max_steps is None else min(max_steps, true.shape[1])]
+    return inputs, true, rollout(model, inputs, true.shape[1], constants)

@@ -208,7 +208,7 @@ def main(argv=None):
         prof.stop()
         if not trace.exists():
             raise UserError(f"the run ended after {step} steps, before the profiled window: raise --epochs")
-        sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
         print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
         loaded = summarize.print_summary(trace)
         print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")
