@@ -40,7 +40,7 @@ from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
 from profiling import summarize, timeline, traces
 
-from wellfno import data, flops, plots
+from wellfno import data, flops, memory, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
 from wellfno.device import DEVICE_CHOICES, pick_backend, pick_device
 from wellfno.fastwell import FastWellDataset
@@ -373,15 +373,18 @@ def train(args, env, backend, device):
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    model = NextFrameFNO(len(fields), args.n_steps_input, stats, modes=args.modes, width=args.width,
-                         layers=args.layers).to(device)
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
+    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, modes=args.modes, width=args.width,
+                                     layers=args.layers)
+    log(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range needs it
     amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
     autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     # FLOPs of one training step on this input size: forward + backward, counted once (shapes only matter).
-    example = torch.zeros(args.batch_size, len(fields) * args.n_steps_input, *grid, device=device)
+    example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)  # frames + constant fields
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
     first_epoch, step, history = 1, 0, []
     if (args.resume or args.eval_only) and checkpoint.exists():  # every rank loads it: same model, same Adam state
@@ -463,7 +466,8 @@ def train(args, env, backend, device):
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
 
     valid_loss = validate(model, valid_loader, device) if args.eval_only else history[-1]["valid_loss"]
-    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input)
+    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
+                                        max_rollout_steps=memory.rollout_steps(model, device))
     model_vrmse, persistence_vrmse, example = evaluate_rollouts(model, rollout_data, device, rank=env.rank,
                                                                 world_size=env.world_size)
     if env.rank > 0:
