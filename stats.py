@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from wellfno.cli import run_main
-from wellfno.stats import CHUNK_BYTES, compute_dataset_stats, write_stats_yaml
+from wellfno.moments import combine_blocks
+from wellfno.stats import CHUNK_BYTES, plan_dataset, reduce_range, stats_from_moments, stats_output, write_stats_yaml
 
 
 def main() -> int:
@@ -26,8 +27,15 @@ def main() -> int:
                         help="MiB of one field read at a time; bounds memory (default: %(default)s)")
     args = parser.parse_args()
     started = time.perf_counter()
-    stats = compute_dataset_stats(args.dataset_dir, args.split, int(args.chunk_mb * 2**20))
-    out = write_stats_yaml(stats, args.out or args.dataset_dir / "stats.yaml")
+    out = stats_output(args.out, args.dataset_dir)
+
+    # The work items: (file, trajectory, time chunk), checked and listed; the same for everyone.
+    plan = plan_dataset(args.dataset_dir, args.split, int(args.chunk_mb * 2**20))
+    # Read every item, reduce each to float64 (count, mean, M2) per channel, merged along a fixed tree.
+    blocks = reduce_range(plan, 0, len(plan.items)).as_dict()
+    total = combine_blocks(blocks, len(plan.items), plan.n_channels)
+
+    write_stats_yaml(stats_from_moments(plan, total), out)
     print(f"wrote {out} in {time.perf_counter() - started:.2f} s")
     return 0
 

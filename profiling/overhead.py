@@ -67,14 +67,15 @@ def load_script(path: Path):
 def run(script, setup, n_steps, prof):
     """n_steps training steps from fresh, identical weights and batches; the step durations (s)."""
     torch.manual_seed(0)
-    model = NextFrameFNO(*setup["model_args"]).to(setup["device"])
+    model = NextFrameFNO.for_dataset(setup["dataset"], 1, setup["stats"]).to(setup["device"])
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     loader = DataLoader(setup["dataset"], batch_size=setup["batch_size"], shuffle=True,
                         generator=torch.Generator().manual_seed(0))
     clock, epoch = StepClock(prof), 1
     while len(clock.durations) < n_steps:
+        # prof by name: the solution's signature has untimed_steps before it
         script.train_one_epoch(model, loader, optimizer, setup["device"], epoch, n_steps - len(clock.durations),
-                               clock)
+                               prof=clock)
         epoch += 1
     return clock.durations
 
@@ -101,6 +102,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--json", help="also write the numbers to this JSON file")
+    p.add_argument("--results", help="also write them to this results file (wellfno.results: the docs' tables)")
     args = p.parse_args(argv)
     if min(args.wait, args.after) < 1 or args.active < 1 or args.warmup < 0 or args.repeats < 1:
         raise UserError("--wait, --after, --active and --repeats must be at least 1, --warmup at least 0")
@@ -109,8 +111,7 @@ def main(argv=None):
     dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     train = data.well_datasets(dataset_dir)["train"]
     stats = channel_stats(data.load_stats(dataset_dir), train.core_field_names)
-    setup = dict(device=device, dataset=train, batch_size=args.batch_size,
-                 model_args=(len(data.channel_names(train)), 1, stats))
+    setup = dict(device=device, dataset=train, batch_size=args.batch_size, stats=stats)
     n_steps = args.wait + args.warmup + args.active + args.after
     window = range(args.wait, args.wait + args.warmup + args.active)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -158,6 +159,12 @@ def main(argv=None):
                   torch=torch.__version__, config=vars(args), step_seconds=times)
     if args.json:
         atomic_write_json(args.json, result)
+    if args.results:
+        import sys
+
+        from wellfno.results import write_result
+        write_result(args.results, " ".join(["python", "profiling/overhead.py", *(argv if argv is not None else sys.argv[1:])]),
+                     result, device)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the main process (0: torch's default)")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", help="also write the numbers to this results file (wellfno.results: the docs' tables)")
     args = p.parse_args(argv)
     for name in ("batch_size", "n_steps_input", "repeats"):
         if getattr(args, name) < 1:
@@ -153,10 +154,10 @@ def timed(batches, step, device, warmup: int, seconds: float) -> float:
 class Trainer:
     """The training step of fno.py, on batches from a loader or on one synthetic device batch."""
 
-    def __init__(self, n_fields, n_steps_input, stats, device, seed):
+    def __init__(self, dataset, n_steps_input, stats, device, seed):
         torch.manual_seed(seed)
         self.device = device
-        self.model = NextFrameFNO(n_fields, n_steps_input, stats).to(device)
+        self.model = NextFrameFNO.for_dataset(dataset, n_steps_input, stats).to(device)  # 2-D or 3-D
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
 
     def train(self, x, y) -> int:
@@ -268,9 +269,8 @@ def main(argv=None):
     if "fast" in args.readers:
         splits["fast"] = FastWellDataset(args.dataset_dir, "train", args.n_steps_input)
     any_split = next(iter(splits.values()))
-    fields = data.channel_names(any_split)
     stats = channel_stats(data.load_stats(args.dataset_dir), any_split.core_field_names)
-    trainer = Trainer(len(fields), args.n_steps_input, stats, device, args.seed)
+    trainer = Trainer(any_split, args.n_steps_input, stats, device, args.seed)
     sample = any_split[0]
     x, y = data.batch_to_model({k: v.unsqueeze(0).expand(args.batch_size, *v.shape) for k, v in sample.items()}, device)
     synthetic = iter(lambda: (x, y), None)  # the same device batch forever: no data pipeline at all
@@ -321,6 +321,9 @@ def main(argv=None):
                   config={k: str(v) if k == "device" else v for k, v in vars(args).items() if k != "dataset_dir"},
                   readers=readers, rows=rows)
     atomic_write_json(out / "throughput.json", result)
+    if args.results:
+        from wellfno.results import write_result
+        write_result(args.results, result["command"], result, device)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()

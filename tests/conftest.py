@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,13 +48,122 @@ def run_script(*args, cwd=REPO, env=None, timeout=300):
                           timeout=timeout)
 
 
+# The course in order: step -> its reference solution. A test module that sets `STEP = "<step>"` and uses the
+# `script` fixture runs on that step's solution and on every later one (the cross-step matrix: each solution is
+# the previous step plus one idea, so every earlier check must still pass). Adding a step is one line here.
+STEPS = {
+    "00_baseline": "fno.py",
+    "01_profiling": "solutions/01_profiling/fno.py",
+    "02_data_pipeline": "solutions/02_data_pipeline/fno.py",
+    "03_affinity": "solutions/03_affinity/fno.py",
+    "05_ddp": "solutions/05_ddp/fno.py",
+    "06_efficiency": "solutions/06_efficiency/fno.py",
+}
+
+
+def steps_from(step: str) -> list[str]:
+    """`step` and every later step of the course."""
+    names = list(STEPS)
+    return names[names.index(step):]
+
+
 def pytest_addoption(parser):
     parser.addoption("--script", default=None,
                      help="check-your-work: test this script (e.g. your edited fno.py) instead of the reference solution")
 
 
+def pytest_generate_tests(metafunc):
+    """The matrix: `script` is each solution from the module's STEP on, or the file given with --script."""
+    step = getattr(metafunc.module, "STEP", None)
+    if step is None or "script" not in metafunc.fixturenames:
+        return
+    chosen = metafunc.config.getoption("--script")
+    if chosen:
+        params = [pytest.param(Path(chosen).resolve(), id="script")]
+    else:
+        # The step's own solution is in the quick loop (make test-fast); the later ones in `make test`.
+        params = [pytest.param(REPO / STEPS[name], id=name, marks=[pytest.mark.slow] if name != step else [])
+                  for name in steps_from(step)]
+    metafunc.parametrize("script", params, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def script(request) -> Path:
+    """The script under test (see pytest_generate_tests)."""
+    path = request.param
+    assert path.is_file(), f"{path} does not exist"
+    return path
+
+
+@pytest.fixture(scope="module")
+def script_module(script):
+    """The script under test, imported as a module, so its main(argv) runs in the test process."""
+    return import_script(script)
+
+
+def call_main(module, *argv):
+    """module.main(argv) in this process, on the test process's one intra-op thread and CPUs.
+
+    Solution 03 and later bind the process they run in and set torch's threads to its cores; on 2
+    shared cores that makes each in-process run several times slower, and it would leak into later
+    tests. The binding itself is checked in subprocesses (tests/test_03_affinity_solution.py).
+    """
+    import torch
+
+    affinity = os.sched_getaffinity(0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "set_num_threads", lambda n: None)
+        try:
+            return module.main([str(a) for a in argv])
+        finally:
+            os.sched_setaffinity(0, affinity)
+
+
+def import_script(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"script_under_test_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """trained(script, *options) -> the output folder of one finished in-process run, made once per session.
+
+    The run's first copy to the device is delayed by 2 s, a stand-in for the one-time start-up costs
+    (FFT plans, allocator, DataLoader workers) that samples_per_second must leave out.
+    """
+    runs = {}
+
+    def run(script: Path, data_dir: Path, *options) -> Path:
+        key = (str(script), str(data_dir), *map(str, options))
+        if key not in runs:
+            module = import_script(script)
+            out = tmp_path_factory.mktemp("trained")
+            copy, calls = module.data.batch_to_model, []
+
+            def slow_first_copy(*args, **kwargs):
+                calls.append(1)
+                if len(calls) == 1:
+                    time.sleep(START_UP_SECONDS)
+                return copy(*args, **kwargs)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(module.data, "batch_to_model", slow_first_copy)
+                call_main(module, "--data-dir", data_dir, "--out", out, *options)
+            runs[key] = out
+        return runs[key]
+
+    return run
+
+
+START_UP_SECONDS = 2.0
+
+
 def script_under_test(request, default: str) -> Path:
-    """The participant's script given with --script, else the step's reference solution."""
+    """For a module outside the matrix: the participant's --script, else `default` (a reference solution)."""
     chosen = request.config.getoption("--script")
     path = Path(chosen) if chosen else REPO / default
     return path if path.is_absolute() else (Path.cwd() / path).resolve()

@@ -2,6 +2,8 @@
 
     .venv/bin/python -m pytest -q tests/test_01_profiling.py --script fno.py   # your edited script
 
+Without --script it checks solution 01 and every later solution (tests/conftest.py: STEPS).
+
 Runs the script once on tiny generated data with `--profile --max-steps 10` (not the README's 12,
 so that a window hard-wired to 12 steps shows) and reads the trace it writes with plain json,
 not with the course's tools.
@@ -12,14 +14,15 @@ import re
 
 import pytest
 
-from tests.conftest import run_script, script_under_test
+from tests.conftest import call_main, run_script
+from wellfno.cli import UserError
 
+STEP = "01_profiling"
 TINY = ["--batch-size", "1", "--epochs", "1"]  # 44 steps per epoch: the window ends inside epoch 1
-STEP = re.compile(r"ProfilerStep#(\d+)$")
+PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 
-def profiled_run(request, tiny_data_dir, out, max_steps):
-    script = script_under_test(request, "solutions/01_profiling/fno.py")
+def profiled_run(script, tiny_data_dir, out, max_steps):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", out, "--profile", "--max-steps", max_steps,
                         *TINY, timeout=120)
     assert result.returncode == 0, f"{script} --profile failed:\n{result.stderr[-3000:]}"
@@ -34,9 +37,9 @@ MAX_STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def profiled(request, tiny_data_dir, tmp_path_factory):
+def profiled(script, tiny_data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile")
-    return (out, *profiled_run(request, tiny_data_dir, out, MAX_STEPS))
+    return (out, *profiled_run(script, tiny_data_dir, out, MAX_STEPS))
 
 
 def complete(trace):
@@ -44,14 +47,14 @@ def complete(trace):
 
 
 def steps_of(trace):
-    return sorted((e for e in complete(trace) if STEP.match(e.get("name", ""))), key=lambda e: e["ts"])
+    return sorted((e for e in complete(trace) if PROFILER_STEP.match(e.get("name", ""))), key=lambda e: e["ts"])
 
 
 def test_trace_is_chrome_json_with_the_profiled_steps(profiled):
     _, _, path, trace = profiled
     steps = steps_of(trace)
     assert isinstance(trace["traceEvents"], list) and len(steps) >= 5, "expected at least 5 active ProfilerSteps"
-    numbers = [int(STEP.match(e["name"]).group(1)) for e in steps]
+    numbers = [int(PROFILER_STEP.match(e["name"]).group(1)) for e in steps]
     assert numbers == list(range(numbers[0], numbers[-1] + 1)), numbers
     # The window is the end of the run: the last of 10 steps is ProfilerStep#9 ...
     assert numbers[-1] == MAX_STEPS - 1, \
@@ -64,7 +67,7 @@ def test_trace_is_chrome_json_with_the_profiled_steps(profiled):
 
 def test_each_step_has_the_labelled_ranges(profiled):
     _, _, _, trace = profiled
-    labels = [e for e in complete(trace) if e.get("cat") == "user_annotation" and not STEP.match(e["name"])]
+    labels = [e for e in complete(trace) if e.get("cat") == "user_annotation" and not PROFILER_STEP.match(e["name"])]
     for step in steps_of(trace):
         inside = [e["name"].lower() for e in labels
                   if e["tid"] == step["tid"] and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
@@ -102,3 +105,10 @@ def test_max_steps_stops_right_after_the_window(profiled):
     assert not (out / "metrics.json").exists() and not (out / "rollout.png").exists(), \
         "with --profile, stop after the profiled window (no validation, rollout, metrics)"
     assert "rollout step" not in result.stdout
+
+
+@pytest.mark.parametrize("options", [["--max-steps", 4], ["--profile-active", 0], ["--profile-warmup", -1]])
+def test_a_window_that_does_not_fit_is_a_user_error(script_module, tiny_data_dir, tmp_path, options):
+    with pytest.raises(UserError, match="--profile"):
+        call_main(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", "--profile", *options)
+    assert not (tmp_path / "out").exists()

@@ -2,38 +2,26 @@
 
     .venv/bin/python -m pytest -q tests/test_02_data_pipeline.py --script fno.py   # your edited script
 
-Without --script this tests solutions/02_data_pipeline/fno.py.
+Without --script it checks solution 02 and every later solution (tests/conftest.py: STEPS).
 """
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import run_script, script_under_test
+from tests.conftest import call_main, run_script
 from wellfno.cli import UserError
 
-SOLUTION = "solutions/02_data_pipeline/fno.py"
+STEP = "02_data_pipeline"
 FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4"]
 
 
 @pytest.fixture(scope="module")
-def script(request):
-    path = script_under_test(request, SOLUTION)
-    assert path.is_file(), f"{path} does not exist"
-    return path
-
-
-@pytest.fixture(scope="module")
-def fno(script):
-    """The script under test, imported as a module, so its main(argv) runs in this process."""
-    spec = importlib.util.spec_from_file_location(f"fno_under_test_{abs(hash(script))}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def fno(script_module):
+    return script_module
 
 
 def train(fno, data_dir, out, *options):
-    fno.main(["--data-dir", str(data_dir), "--out", str(out), *FAST, *map(str, options)])
+    call_main(fno, "--data-dir", data_dir, "--out", out, *FAST, *options)
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -69,6 +57,7 @@ def test_worker_options_without_workers_run(fno, tiny_data_dir, tmp_path):
     assert metrics["history"][0]["samples"] == 12
 
 
+@pytest.mark.slow  # a whole run in a child process
 def test_pin_memory_on_cpu_is_a_one_line_note(script, tiny_data_dir, tmp_path):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "run", *FAST, "--device", "cpu",
                         "--pin-memory", env={"PYTHONWARNINGS": "default"})
@@ -81,9 +70,11 @@ def test_pin_memory_on_cpu_is_a_one_line_note(script, tiny_data_dir, tmp_path):
 @pytest.mark.parametrize("options", [["--num-workers", -1], ["--prefetch-factor", 0, "--num-workers", 1]])
 def test_impossible_values_are_user_errors(fno, tmp_path, options):
     with pytest.raises(UserError):
-        fno.main(["--data-dir", str(tmp_path), *map(str, options)])
+        call_main(fno, "--data-dir", tmp_path, "--out", tmp_path / "out", *options)
+    assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a child process, as a participant runs it
 def test_negative_workers_is_one_line_error(script, tmp_path):
     result = run_script(script, "--data-dir", tmp_path, "--num-workers", "-2")
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -1,21 +1,19 @@
 """Solution 03: fno.py binds its rank and its DataLoader workers and reports where they run.
 
 Check your own script:  .venv/bin/python -m pytest -q tests/test_03_affinity_solution.py --script fno.py
+
+Without --script it checks solution 03 and every later solution (tests/conftest.py: STEPS).
 """
 import os
 import re
 
 import pytest
 
-from tests.conftest import run_script, script_under_test
+from tests.conftest import call_main, run_script
 
 ALLOWED = sorted(os.sched_getaffinity(0))
-pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs 2 CPUs to give two ranks different cores")
-
-
-@pytest.fixture
-def script(request):
-    return script_under_test(request, "solutions/03_affinity/fno.py")
+STEP = "03_affinity"
+needs_two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs 2 CPUs to give two ranks different cores")
 
 
 def cpus_in(line):
@@ -55,6 +53,8 @@ def run_ranks(script, data_dir, out, world=2):
     return lines
 
 
+@pytest.mark.slow  # two ranks, each a whole training run
+@needs_two_cpus
 def test_each_rank_is_bound_to_its_own_cores(script, tiny_data_dir, tmp_path):
     rank_cpus = []
     for lines in run_ranks(script, tiny_data_dir, tmp_path / "run"):
@@ -64,6 +64,8 @@ def test_each_rank_is_bound_to_its_own_cores(script, tiny_data_dir, tmp_path):
     assert rank_cpus[0] | rank_cpus[1] <= set(ALLOWED)
 
 
+@pytest.mark.slow  # a whole run with two workers in a child process
+@needs_two_cpus
 def test_workers_are_spread_over_the_rank_cores(script, tiny_data_dir, tmp_path):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "w", "--epochs", "1",
                         "--max-steps", "1", "--batch-size", "8", "--num-workers", "2", "--report-workers")
@@ -78,3 +80,10 @@ def test_workers_are_spread_over_the_rank_cores(script, tiny_data_dir, tmp_path)
     assert set(workers) == {0, 1}, lines
     assert workers[0] and workers[1] and not workers[0] & workers[1], "two workers must not share a core"
     assert workers[0] | workers[1] <= rank_cpus
+
+
+def test_an_unknown_binding_mode_is_refused(script_module, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        call_main(script_module, "--out", tmp_path / "out", "--bind", "everywhere")
+    assert exit_info.value.code == 2 and "--bind" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PYTHON, REPO, script_under_test
+from tests.conftest import PYTHON, REPO
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - fixtures of the Slurm tests
 
 PROBE = Path(__file__).resolve().parent / "ddp_probe"
@@ -35,9 +35,7 @@ SMALL = ("--n-steps-input", "10", "--bind", "none", "--seed", "3")  # 8 train, 4
 N_TRAIN, N_VALID = 8, 4
 
 
-@pytest.fixture(scope="module")
-def script(request):
-    return script_under_test(request, "solutions/05_ddp/fno.py")
+STEP = "05_ddp"  # the cross-step matrix (tests/conftest.py) supplies `script`: 05 and every later solution
 
 
 def free_port() -> int:

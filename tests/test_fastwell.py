@@ -1,6 +1,7 @@
 """wellfno.fastwell yields exactly the samples of the_well's WellDataset, faster."""
 import pickle
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -103,7 +104,47 @@ def test_vector_fields_give_component_channels_in_welldataset_order(tmp_path):
         assert_same_sample(well[index], fast[index], f"index {index}")
 
 
-def test_fields_constant_in_time_are_refused_with_a_way_out(tmp_path):
+def test_fields_constant_in_time_are_constant_fields_like_welldataset(tmp_path):
+    """A time-constant vector field (one per trajectory) comes back as constant_fields, bitwise."""
+    from the_well.data import WellDataset
+    from the_well.data.normalization import ZScoreNormalization
+
     folder = write_dataset(tmp_path / "const", t1_time_varying=False)
-    with pytest.raises(UserError, match="u is constant in time.*drop --fast-reader"):
+    well = WellDataset(path=str(folder), well_split_name="train", n_steps_input=1, n_steps_output=1,
+                       use_normalization=True, normalization_type=ZScoreNormalization, return_grid=False,
+                       boundary_return_type=None)
+    fast = FastWellDataset(folder, "train", 1)
+    assert fast.metadata.constant_field_names == well.metadata.constant_field_names == {0: [], 1: ["u_x", "u_y"], 2: []}
+    assert fast[0]["constant_fields"].shape == (6, 5, 2)
+    for index, got in enumerate(fast.__getitems__(list(range(len(well))))):
+        assert_same_sample(well[index], got, f"index {index}")
+
+
+def test_fields_the_same_in_every_trajectory_but_changing_in_time_are_refused(tmp_path):
+    folder = write_dataset(tmp_path / "shared")
+    for path in (folder / "data" / "train").glob("*.hdf5"):
+        with h5py.File(path, "r+") as f:
+            f["t1_fields/u"].attrs["sample_varying"] = False
+    with pytest.raises(UserError, match="u changes in time but is the same in every trajectory.*drop --fast-reader"):
         FastWellDataset(folder, "train", 1)
+
+
+def test_a_drop_in_for_welldataset_with_the_same_arguments(tiny_dataset_dir):
+    """Exercise 02's diff is WellDataset(...) -> FastWellDataset(...): the same keyword arguments, the same samples."""
+    from the_well.data import WellDataset
+    from the_well.data.normalization import ZScoreNormalization
+
+    arguments = dict(path=str(tiny_dataset_dir), well_split_name="valid", n_steps_input=2, n_steps_output=1,
+                     use_normalization=True, normalization_type=ZScoreNormalization, return_grid=False,
+                     boundary_return_type=None)
+    well, fast = WellDataset(**arguments), FastWellDataset(**arguments)
+    assert len(fast) == len(well)
+    for index in (0, len(well) - 1):
+        assert_same_sample(well[index], fast[index], f"index {index}")
+
+
+@pytest.mark.parametrize("unsupported", [dict(return_grid=True), dict(boundary_return_type="padding"),
+                                         dict(normalization_type=object)])
+def test_what_the_fast_reader_cannot_do_is_a_user_error(tiny_dataset_dir, unsupported):
+    with pytest.raises(UserError, match="drop --fast-reader"):
+        FastWellDataset(tiny_dataset_dir, "valid", 1, **unsupported)

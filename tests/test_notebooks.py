@@ -64,6 +64,7 @@ def test_notebook_committed_without_outputs(path):
     assert nb.metadata.kernelspec.name == "python3"
 
 
+@pytest.mark.slow  # executes a notebook
 def test_explore_notebook_runs_on_tiny_data(tiny_data_dir, background_runs, monkeypatch):
     nb = execute(EXPLORE, monkeypatch, WELL_DATA=tiny_data_dir)
     text = text_of(nb)
@@ -124,6 +125,7 @@ def runs_dir(background_runs):
     return runs, made
 
 
+@pytest.mark.slow  # executes a notebook
 def test_results_notebook_plots_every_run(runs_dir, monkeypatch):
     import json
 
@@ -155,6 +157,7 @@ def test_results_notebook_plots_every_run(runs_dir, monkeypatch):
         assert "bitwise identical to serial: {'dist1': True}" in text
 
 
+@pytest.mark.slow  # executes a notebook
 def test_results_notebook_skips_what_is_missing(tmp_path, monkeypatch):
     nb = execute(RESULTS, monkeypatch, RUNS_DIR=tmp_path / "nothing_here")
     text = text_of(nb)

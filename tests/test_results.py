@@ -56,3 +56,174 @@ def test_bad_results_files_are_one_line(tmp_path):
         results.read_result(tmp_path / "plain.json")
     rc = run_script("-m", "wellfno.results", "render", "--root", tmp_path)
     assert rc.returncode == 2 and rc.stderr.startswith("error: ") and "Traceback" not in rc.stderr
+
+
+# --------------------------------------------------------------------------- the renderers, on numbers written by hand
+def _write(root, name, command, data, **machine):
+    path = results.write_result(root / "results" / name, command, data)
+    if machine:  # a fixed machine, so the caption is known
+        saved = json.loads(path.read_text())
+        saved["machine"] = machine
+        path.write_text(json.dumps(saved))
+    return path
+
+
+def _sweep_row(reader, workers, data_only, compute_only, full):
+    return dict(reader=reader, num_workers=workers, pin_memory=False, prefetch_factor=2 if workers else None,
+                data_only=data_only, compute_only=compute_only, full=full, efficiency=full / compute_only)
+
+
+def test_throughput_tables_quote_the_sweep(tmp_path):
+    _write(tmp_path, "throughput.json", "python profiling/throughput.py --x", dict(
+        config={"batch_size": 16}, machine={},
+        readers=dict(samples_per_s=dict(raw_h5py=1000.0, fast=500.0, well=40.0), fast_over_raw=0.5, fast_over_well=12.5,
+                     well_over_raw=0.04),
+        rows=[_sweep_row("well", 0, 200.0, 150.0, 75.0), _sweep_row("well", 2, 400.0, 150.0, 90.0),
+              _sweep_row("fast", 0, 9000.0, 150.0, 140.0)]),
+        cpu="Test CPU", cores=2, torch="2.0", load_average=1.5)
+    sweep = results.throughput_table(tmp_path)
+    assert "WellDataset 40 samples/s (25.0 ms a sample)" in sweep       # 1000 / 40 by hand
+    assert "fast / raw **0.50**" in sweep and "fast / WellDataset **12×**" in sweep
+    assert "| well | 0 | off | - | 200 | 150 | 75 | 0.50 |" in sweep
+    assert "| well | 2 | off | 2 | 400 | 150 | 90 | 0.60 |" in sweep
+    assert "`well`: best full 90 samples/s with 2 workers (full / compute-only 0.60); data_only with 2 workers / " \
+           "0 workers = 2.00." in sweep
+    assert "on Test CPU, 2 cores, torch 2.0, no GPU, load average 1.5" in sweep
+    summary = results.step02_summary(tmp_path)
+    assert "| the_well's `WellDataset` | 200 | 75 | 150 | 0.50 | 90 (2 workers, 0.60) |" in summary
+    assert "| `wellfno.fastwell` | 9,000 | 140 | 150 | 0.93 | 140 (0 workers, 0.93) |" in summary
+
+
+def test_overhead_threads_and_scripts_tables(tmp_path):
+    group = lambda plain, profiled: dict(plain_steps_per_s=plain, profiled_steps_per_s=profiled,  # noqa: E731
+                                         ratio=profiled / plain)
+    _write(tmp_path, "profiling_overhead.json", "python profiling/overhead.py", dict(
+        before=group(10.0, 9.75), outside=group(10.0, 9.9), inside=group(10.0, 8.0), idle_record_function_us=10.0))
+    table = results.overhead_table(tmp_path)
+    assert "| before the window (wait) | 10.00 | 9.75 | 0.975 | +2.5 % |" in table
+    assert "| inside the window (warmup + active) | 10.00 | 8.00 | 0.800 | +20.0 % |" in table
+    # 5 ranges x 10 us = 50 us of a 100 ms step
+    assert "costs 10.0 µs here: 5 per step = 0.05 % of a 100 ms step" in table
+    _write(tmp_path, "threads.json", "python profiling/threads.py", dict(batch_size=16, rows=[
+        dict(threads=1, busy_processes=0, samples_per_s=100.0), dict(threads=1, busy_processes=1, samples_per_s=90.0),
+        dict(threads=2, busy_processes=0, samples_per_s=150.0), dict(threads=2, busy_processes=1, samples_per_s=40.0)]))
+    threads = results.threads_table(tmp_path)
+    assert "| torch threads | alone | next to 1 busy process |" in threads
+    assert "| 1 | 100 | 90 |" in threads and "| 2 | 150 | 40 |" in threads
+    _write(tmp_path, "compare_scripts.json", "python profiling/compare_scripts.py", dict(
+        script_args="--epochs 1", repeats=2, rows=[dict(command="fno.py", samples_per_s=80.0, vs_first=1.0),
+                                                   dict(command="b.py --fast", samples_per_s=120.0, vs_first=1.5)]))
+    scripts = results.scripts_table(tmp_path)
+    assert "| `fno.py` | 80.0 | 1.00× |" in scripts and "| `b.py --fast` | 120.0 | 1.50× |" in scripts
+
+
+def test_readme_row_for_step_04_says_what_ran(tmp_path):
+    table = results.readme_results_table(tmp_path)      # no benchmark file yet: what the tests check, no timings
+    row = next(line for line in table.splitlines() if line.startswith("| 04 |"))
+    assert "timings to be measured" in row and "two torchrun agents on one machine" in row
+    # benchmark.py's own layout (top-level keys), as exercise 04 writes it
+    (tmp_path / "results").mkdir(exist_ok=True)
+    (tmp_path / "results" / "04_stats_benchmark.json").write_text(json.dumps(dict(
+        command="python solutions/04_distributed_stats/benchmark.py --ranks 1,2", date="2026-11-30",
+        machine=dict(cpu="Test CPU", cores=2, load_average_at_end=3.0),
+        dataset=dict(gigabytes=0.5), bitwise_identical_to_serial={"dist1": True, "dist2": True},
+        rows=[dict(name="serial stats.py", ranks=1, seconds=3.0),
+              dict(name="distributed, 1 rank(s) (torchrun)", ranks=1, seconds=4.0),
+              dict(name="distributed, 2 rank(s) (torchrun)", ranks=2, seconds=2.5)])))
+    table = results.readme_results_table(tmp_path)
+    row = next(line for line in table.splitlines() if line.startswith("| 04 |"))
+    assert "1 rank 4.00 s, 2 ranks 2.50 s (speed-up 1.6× with 2 ranks)" in row      # 4.0 / 2.5 by hand
+    assert "2 of 2 distributed runs bit for bit equal" in row and "two torchrun agents on one machine" in row
+    assert "[`results/04_stats_benchmark.json`](results/04_stats_benchmark.json)" in row
+    assert "`04_stats_benchmark.json` 3.0 (2026-11-30)" in table
+
+
+def test_runtimes_renderers_quote_the_profile_and_the_demo_run(tmp_path):
+    dashes = "-" * 20
+    key_averages = [dashes, "Name  Self CPU %", dashes] + [f"aten::op{i}  {10 - i}%" for i in range(8)] + \
+                   [dashes, "Self CPU time total: 1.0s"]
+    stdout = "\n".join(["Training on cpu: 10 samples", *key_averages, "",
+                        "Time per profiled step (ms; the parts add up to the step):", "  step  total",
+                        "Top host operators by self time in the profiled steps:",
+                        *[f"  {i}.00 ms  op{i}" for i in range(5)],
+                        "Wrote /tmp/x/runs/01/trace_rank0_steps7-11.json.gz"])
+    # two steps: data_wait 30 + 50 of 100 + 100 ms = 40 %; 40 ms a step = 2.5 ms a sample of 16
+    steps = [dict(step=7, total=100.0, data_wait=30.0, forward=70.0, rest=0.0),
+             dict(step=8, total=100.0, data_wait=50.0, forward=50.0, rest=0.0)]
+    _write(tmp_path, "runtimes.json", "python -m wellfno.results runtimes", {"rows": [
+        dict(step="00", command="python fno.py --data-dir D --out OUT/00", seconds=100.0, samples_per_second=80.0,
+             rollout_vrmse_step1=0.07, persistence_vrmse_step1=0.2,
+             rollout_vrmse=[0.07, 0.1, 0.2, 0.3, 0.33, 0.9, 1.1, 2.0], persistence_vrmse=[0.2, 0.4, 0.5, 0.6, 0.8, 1.0, 1.0, 1.1],
+             epochs=[dict(train_loss=0.7, valid_loss=0.3, samples_per_second=79.0)]),
+        dict(step="01", command="python solutions/01_profiling/fno.py --profile", seconds=22.0, stdout=stdout,
+             profile=dict(steps=steps, top_host=[]))]})
+    text = results.profile_transcript(tmp_path)
+    assert "aten::op5" in text and "aten::op6" not in text and "Self CPU time total: 1.0s" in text
+    assert "op2\n..." in text and "op3" not in text.split("Top host operators")[1]
+    assert "Wrote OUT/01/trace_rank0_steps7-11.json.gz" in text
+    assert "40.0 % of the profiled steps, 40.0 ms per step of 16 samples (2.5 ms a sample" in text
+    demo = results.demo_run_summary(tmp_path)
+    assert "persistence is better from rollout step 7 on" in demo   # 1.1 > 1.0 first at index 6
+    assert "| 6 | 0.900 | 1.000 |" in demo and "| 7 | 1.100 | 1.000 |" in demo and "| 8 | 2.000 | 1.100 |" in demo
+    runtimes = results.runtimes_table(tmp_path)
+    assert "| 01 | `python solutions/01_profiling/fno.py --profile` | 22.0 s; data_wait 40 % of each profiled step | " \
+           "to be measured |" in runtimes
+    readme = results.readme_results_table(tmp_path)
+    assert "waiting for data is **40 %** of a profiled step (40 ms of 100 ms)" in readme
+
+
+@pytest.mark.slow
+def test_measuring_tools_write_results_files_the_renderers_read(tiny_data_dir, tmp_path):
+    from profiling import threads, throughput
+    (tmp_path / "fno.py").write_text("")
+    throughput.main(["--data-dir", str(tiny_data_dir), "--out", str(tmp_path / "tp"), "--workers", "0",
+                     "--seconds", "0.1", "--repeats", "1", "--warmup", "1", "--batch-size", "4",
+                     "--results", str(tmp_path / "results" / "throughput.json")])
+    saved = results.read_result(tmp_path / "results" / "throughput.json")
+    assert saved["command"].startswith("python profiling/throughput.py --data-dir ")
+    rows = saved["data"]["rows"]
+    assert {r["reader"] for r in rows} == {"well", "fast"}
+    assert f"| well | 0 | off | - | {rows[0]['data_only']:,.0f} |" in results.throughput_table(tmp_path)
+    threads.main(["--data-dir", str(tiny_data_dir), "--threads", "1", "--busy", "0,1", "--seconds", "0.2",
+                  "--repeats", "1", "--batch-size", "4", "--results", str(tmp_path / "results" / "threads.json")])
+    measured = results.read_result(tmp_path / "results" / "threads.json")["data"]["rows"]
+    assert sorted((r["threads"], r["busy_processes"]) for r in measured) == [(1, 0), (1, 1)]
+    assert all(r["samples_per_s"] > 0 for r in measured)
+    assert "| torch threads | alone | next to 1 busy process |" in results.threads_table(tmp_path)
+
+
+@pytest.mark.parametrize("args, match", [(["--threads", "0"], "--threads values must be at least 1"),
+                                         (["--busy", "-1"], "--busy values must be at least 0"),
+                                         (["--seconds", "0"], "--seconds positive")])
+def test_threads_benchmark_bad_options_are_one_line(args, match, tmp_path):
+    from profiling import threads
+    with pytest.raises(UserError, match=match):
+        threads.main(["--data-dir", str(tmp_path), *args])
+
+
+@pytest.mark.slow
+def test_overhead_times_every_step_of_the_solutions_loop(tiny_data_dir, tmp_path):
+    """profiling/overhead.py drives solutions/01_profiling's train_one_epoch; each step is timed in both modes."""
+    from profiling import overhead
+    (tmp_path / "fno.py").write_text("")
+    overhead.main(["--data-dir", str(tiny_data_dir), "--batch-size", "2", "--wait", "2", "--warmup", "1",
+                   "--active", "1", "--after", "1", "--repeats", "1",
+                   "--results", str(tmp_path / "results" / "profiling_overhead.json")])
+    data = results.read_result(tmp_path / "results" / "profiling_overhead.json")["data"]
+    # wait + warmup + active + after = 5 steps in each mode, every one timed by the stand-in clock
+    assert [len(run) for run in data["step_seconds"]["plain"]] == [5]
+    assert [len(run) for run in data["step_seconds"]["profiled"]] == [5]
+    assert data["before"]["ratio"] == pytest.approx(data["before"]["profiled_steps_per_s"]
+                                                    / data["before"]["plain_steps_per_s"])
+    assert "| before the window (wait) |" in results.overhead_table(tmp_path)
+
+
+def test_a_failed_step_is_shown_not_hidden(tmp_path):
+    _write(tmp_path, "runtimes.json", "python -m wellfno.results runtimes", {"rows": [
+        dict(step="00", command="python fno.py", seconds=3.0, failed="ImportError: cannot import name 'x'"),
+        dict(step="01", command="python solutions/01_profiling/fno.py --profile", seconds=2.0, failed="boom")]})
+    assert "| 00 | `python fno.py` | 3.0 s — **failed**: `ImportError: cannot import name 'x'` |" \
+        in results.runtimes_table(tmp_path)
+    assert "`python fno.py` failed in the last measurement" in results.demo_run_summary(tmp_path)
+    assert "failed in the last measurement (`boom`)" in results.profile_transcript(tmp_path)
+    assert "| 00 |" not in results.readme_results_table(tmp_path)   # no numbers to quote

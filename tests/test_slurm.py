@@ -232,6 +232,11 @@ def _opt(cmd: list[str], name: str) -> str | None:
     return next((c.split("=", 1)[1] for c in cmd if c.startswith(name + "=")), None)
 
 
+# submit_all.sh's STEPS table: name -> (resources, after)
+STEPS = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+    r'^\s+"(\d\d_\w+)\s+(\w+)\s+(\S+)"$', (SLURM_DIR / "submit_all.sh").read_text(), re.M)}
+
+
 def test_slurm_submit_all_dry_run_orders_steps_and_resources(tmp_path):
     """The day-0 check first; every step after it; statistics after the data only; one GPU per
     task (or all of a node's for the per-GPU steps) and CPUS_PER_GPU cores on GPU sites; no GPU
@@ -247,8 +252,7 @@ def test_slurm_submit_all_dry_run_orders_steps_and_resources(tmp_path):
             continue
         dep = _opt(cmd, "--dependency")
         assert dep and dep.startswith("afterok:") and "$00_gpu_check" in dep.split(":"), (name, dep)
-        needs_data = name not in ("00_baseline", "03_affinity_report")
-        assert ("$00_baseline" in dep.split(":")) == needs_data, (name, dep)
+        assert ("$00_baseline" in dep.split(":")) == (STEPS[name][1] == "data"), (name, dep)
         assert not any(c.startswith(("--gpus", "--gres")) for c in cmd), f"a CPU site's job asks for GPUs: {cmd}"
     assert not (tmp_path / "runs").exists(), "a dry run must not create anything"
 
@@ -260,14 +264,14 @@ def test_slurm_submit_all_dry_run_orders_steps_and_resources(tmp_path):
     # A GPU site: resources per step.
     gpu_env = {**env, "GPU_VENDOR": "amd", "GPUS_PER_NODE": "8", "CPUS_PER_GPU": "7"}
     steps, _ = _dry_run(gpu_env, "--args", "00_baseline=--epochs 5 --batch-size 16")
-    for name in ("00_baseline", "01_profiling", "02_throughput"):
-        c = steps[name]
-        assert (_opt(c, "--ntasks"), _opt(c, "--gpus-per-task"), _opt(c, "--cpus-per-task")) == ("1", "1", "7"), c
-    for name in ("00_gpu_check", "03_affinity_report", "03_affinity_train"):
-        c = steps[name]
-        assert (_opt(c, "--ntasks"), _opt(c, "--gpus-per-node"), _opt(c, "--cpus-per-task")) == ("8", "8", "7"), c
-    for name in ("04_stats", "04_stats_torchrun"):
-        assert not any(c.startswith(("--gpus", "--gres")) for c in steps[name]), steps[name]
+    assert {n for n, (res, _) in STEPS.items() if res == "gpu"} >= set(GPU_STEPS_ONE)
+    assert {n for n, (res, _) in STEPS.items() if res == "gpus"} >= set(GPU_STEPS_NODE) | {"00_gpu_check"}
+    assert {n for n, (res, _) in STEPS.items() if res == "cpu"} >= set(CPU_STEPS)
+    for name, c in steps.items():
+        res = STEPS[name][0]
+        got = (_opt(c, "--ntasks"), _opt(c, "--gpus-per-task"), _opt(c, "--gpus-per-node"), _opt(c, "--cpus-per-task"))
+        expected = {"gpu": ("1", "1", None, "7"), "gpus": ("8", None, "8", "7"), "cpu": (None, None, None, None)}[res]
+        assert got == expected, (name, c)
     assert steps["00_baseline"][-4:] == ["--epochs", "5", "--batch-size", "16"]
     assert all(c[-1].endswith(".sbatch") for n, c in steps.items() if n != "00_baseline"), "--args went to other steps"
     steps, _ = _dry_run({**gpu_env, "GPU_TYPE": "mi250"}, "00_b")
@@ -604,7 +608,7 @@ def test_slurm_every_job_hands_each_task_its_devices(slurm_gpus, slurm_data, tmp
         assert "--workers" in probes["03_affinity_report"]["0"][0]["argv"], "report.py must look at the GPU"
         (node,) = probes["00_gpu_check"]["1"]
         assert sorted(_gpu_ids(node, vendor)) == ["0", "1"] and len(node["cpus"]) == 2, node
-        assert node["argv"][-3:-1] == ["node", "--out"] or "node" in node["argv"]
+        assert node["argv"][1:4] == ["-m", "wellfno.gpucheck", "node"] and "--pytest" in node["argv"], node["argv"]
 
 
 def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:

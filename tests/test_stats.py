@@ -223,3 +223,35 @@ def test_dask_version_matches_reference(dataset, tmp_path):
     assert r.returncode == 0, r.stderr
     got = without_loss_weight(yaml.safe_load(out.read_text()))
     assert S.max_relative_difference(got, reference_stats(dataset)) <= 1e-10
+
+
+
+def test_pitfalls_output_is_what_the_readme_shows():
+    """exercises/04_distributed_stats/pitfalls.py prints the wrong-vs-right numbers the README quotes."""
+    r = subprocess.run([sys.executable, "exercises/04_distributed_stats/pitfalls.py"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    readme = (ROOT / "exercises" / "04_distributed_stats" / "README.md").read_text()
+    shown = readme[readme.index("`python exercises/04_distributed_stats/pitfalls.py`:"):].split("```\n", 2)[1]
+    # float64 E[x^2] - E[x]^2 keeps ~5 digits; which ones depends on torch's summation order on this CPU
+    import re
+
+    def stable(text):
+        text = re.sub(r"(float64 E\[x\^2\]-E\[x\]\^2: std 0\.0100)\d+", r"\1", text)
+        return re.sub(r"(one-pass: )[0-9.e+-]+\)", r"\1...)", text).strip()
+
+    assert stable(r.stdout) == stable(shown)
+
+
+@pytest.mark.parametrize("script", ["stats.py", pytest.param("solutions/04_distributed_stats/stats.py",
+                                                               marks=pytest.mark.slow)])  # torch import x3
+def test_bad_paths_are_one_line_before_any_reading(dataset, tmp_path, script):
+    """--out naming a folder, or a file given as the dataset folder: one line, exit 2, nothing written."""
+    for args, words in [([dataset, "--out", tmp_path], "is a folder"),
+                        ([ROOT / "README.md"], "dataset folder " + str(ROOT / "README.md") + " is a file, not a folder"),
+                        ([dataset, "--out", ROOT / "README.md" / "stats.yaml"], "is a file, not a folder")]:
+        r = subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []

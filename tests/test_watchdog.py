@@ -190,11 +190,30 @@ def test_a_failure_while_others_wait_at_the_barrier_ends_them():
 
 def test_a_stalled_rank_is_named():
     def hangs(wd, rank):
-        rank.killed.wait(10)  # never calls step()
+        for _ in range(3):
+            time.sleep(0.05)
+            wd.step()
+        rank.killed.wait(10)  # then no step(): stuck in a read that never returns
 
     ranks, _ = run_ranks([train(), hangs], stall_after_s=0.5)
     assert ranks[1].exit_codes == [1] and ranks[0].outcome == ("exit", 1)
     assert len(lines(ranks)) == 1 and lines(ranks)[0].startswith("error: rank 1 made no progress for")
+
+
+def test_a_long_start_before_the_first_step_is_not_a_stall():
+    def slow_start(wd, rank):
+        time.sleep(1.0)  # planning thousands of files, compiling: longer than stall_after_s
+        for _ in range(3):
+            time.sleep(0.05)
+            wd.step()
+        wd.wait_for_all()
+
+    def fast(wd, rank):
+        wd.step()
+        wd.wait_for_all()
+
+    ranks, _ = run_ranks([fast, slow_start], stall_after_s=0.4)
+    assert [r.outcome for r in ranks] == ["ok", "ok"] and lines(ranks) == []
 
 
 def test_the_first_failure_wins():

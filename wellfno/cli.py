@@ -110,7 +110,8 @@ def load_checkpoint(path: str | os.PathLike, map_location=None) -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as err:
-        raise UserError(f"{path} is damaged ({str(err).splitlines()[0][:120]}): delete it to start afresh "
+        reason = (str(err).splitlines() or [err.__class__.__name__])[0][:120]
+        raise UserError(f"{path} is damaged ({reason}): delete it to start afresh "
                         f"(or move it away), or use another --out") from None
     if not isinstance(state, dict):
         raise UserError(f"{path} is not a training checkpoint: delete it or use another --out")

@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import yaml
 
 from wellfno.cli import UserError
 from wellfno.grayscott import EMBEDDED, generate
 from wellfno.wellformat import split_files
+from wellfno.wellmeta import unknown_dataset
 
 REQUIRED_STATS = ("mean", "std", "mean_delta", "std_delta")
 
@@ -70,7 +72,42 @@ def check_dataset(dataset_dir: Path, splits=("train", "valid")) -> dict:
     missing = [key for key in REQUIRED_STATS if not isinstance(stats, dict) or key not in stats]
     if missing:
         raise UserError(f"{stats_path} lacks {', '.join(missing)}: recompute it with `python stats.py {dataset_dir}`")
+    first = split_files(dataset_dir, splits[0])[0]
+    check_stats_cover_fields(first, stats, stats_path)
+    check_uniform_grid(first)
     return stats
+
+
+def check_stats_cover_fields(path: Path, stats: dict, stats_path: Path) -> None:
+    """Every field of the files has its statistics (time-constant fields have no deltas), else one line."""
+    with h5py.File(path, "r") as f:
+        for order in range(3):
+            group = f[f"t{order}_fields"]
+            for name in group.attrs["field_names"]:
+                keys = REQUIRED_STATS if group[name].attrs["time_varying"] else ("mean", "std")
+                for key in keys:
+                    if not isinstance(stats[key], dict) or name not in stats[key]:
+                        raise UserError(f"{stats_path} has no '{key}' for field '{name}' (t{order}_fields/{name} "
+                                        f"in {path.name}): the files and their statistics disagree; recompute "
+                                        f"them with `python stats.py {stats_path.parent}`")
+
+
+def check_uniform_grid(path: Path) -> None:
+    """The FNO's FFT assumes equally spaced cells along every axis: refuse other grids in one line.
+
+    Spherical and equiangular grids of equally spaced angles pass: the model sees them, as
+    The Well's own benchmarks do, as arrays in index space.
+    """
+    with h5py.File(path, "r") as f:
+        dims = f["dimensions"]
+        for axis in dims.attrs["spatial_dims"]:
+            coords = dims[axis][0] if dims[axis].attrs.get("sample_varying", False) else dims[axis][...]
+            spacing = np.diff(np.asarray(coords, dtype=np.float64))
+            if spacing.size > 1 and np.abs(spacing - spacing.mean()).max() > 0.01 * np.abs(spacing.mean()):
+                raise UserError(f"{path.name}: the {axis} coordinates are not equally spaced (from "
+                                f"{np.abs(spacing).min():.3g} to {np.abs(spacing).max():.3g}), and the FNO's FFT "
+                                f"assumes a uniform grid: resample the data onto a uniform grid first, or use a "
+                                f"model for irregular grids (e.g. neuralop's GINO)")
 
 
 def download(data_dir: Path, dataset: str) -> None:
@@ -93,7 +130,7 @@ def open_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing
     elif not present or (download_missing and not split_files(dataset_dir, "train")):
         known = well_dataset_names()
         if dataset not in known:
-            raise UserError(f"unknown dataset '{dataset}': use {EMBEDDED} or one of The Well's: {', '.join(known)}")
+            raise unknown_dataset(dataset, extra=(EMBEDDED,))
         if not download_missing:
             raise UserError(f"{dataset} not found in {data_root}/datasets: add --download to fetch it from "
                             f"The Well (large), or point --data-dir at the folder that holds datasets/")
@@ -143,24 +180,43 @@ def well_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "v
     }
 
 
-def rollout_dataset(dataset_dir: Path, n_steps_input: int, split: str = "valid"):
-    """Whole trajectories: the first n_steps_input frames in, all the rest out."""
+def rollout_dataset(dataset_dir: Path, n_steps_input: int, split: str = "valid", max_rollout_steps: int = 100):
+    """Whole trajectories: the first n_steps_input frames in, the rest (at most max_rollout_steps) out."""
     from the_well.data import WellDataset
     from the_well.data.normalization import ZScoreNormalization
 
     return WellDataset(path=str(dataset_dir), well_split_name=split, n_steps_input=n_steps_input,
-                       full_trajectory_mode=True, use_normalization=True, normalization_type=ZScoreNormalization,
-                       return_grid=False, boundary_return_type=None)
+                       full_trajectory_mode=True, max_rollout_steps=max_rollout_steps, use_normalization=True,
+                       normalization_type=ZScoreNormalization, return_grid=False, boundary_return_type=None)
 
 
 def to_channels(fields):
-    """(B, T, H, W, C) -> (B, T*C, H, W): time steps and channels stacked as channels, as FNO wants."""
-    b, t, h, w, c = fields.shape
-    return fields.permute(0, 1, 4, 2, 3).reshape(b, t * c, h, w)
+    """(B, T, *spatial, C) -> (B, T*C, *spatial): time steps and channels stacked as channels, as FNO wants.
+
+    Any number of spatial axes: The Well has 2-D and 3-D datasets.
+    """
+    return fields.movedim(-1, 2).flatten(1, 2)
+
+
+def model_inputs(frames, constant_fields=None):
+    """The model's input: frames (B, T, *spatial, C) as channels, then constant fields (B, *spatial, K).
+
+    Fields that do not change in time (a material's density, a geometry mask) come once, after
+    the frames, z-scored by WellDataset like every field: what the_well's own training code does
+    (the_well.data.data_formatter.DefaultChannelsFirstFormatter), so a model trained here reads
+    its inputs in the same order. NaNs become 0, as there (the_well: "in some cases (staircase),
+    it's ok").
+    """
+    x = to_channels(frames)
+    if constant_fields is not None:
+        import torch
+
+        x = torch.cat([x, constant_fields.movedim(-1, 1)], dim=1)
+    return x.nan_to_num()
 
 
 def batch_to_model(batch: dict, device, non_blocking: bool = False):
-    """A WellDataset batch -> (inputs (B, T*C, H, W), target (B, C, H, W)) on `device`.
+    """A WellDataset batch -> (inputs (B, T*C + K, *spatial), target (B, C, *spatial)) on `device`.
 
     Copy first, change the layout after, on the device: `.to()` then gets the DataLoader's own
     tensors, which are page-locked with pin_memory=True, so a non_blocking copy is asynchronous.
@@ -168,7 +224,10 @@ def batch_to_model(batch: dict, device, non_blocking: bool = False):
     """
     inputs = batch["input_fields"].to(device, non_blocking=non_blocking)
     outputs = batch["output_fields"].to(device, non_blocking=non_blocking)
-    return to_channels(inputs), to_channels(outputs[:, :1])
+    constants = batch.get("constant_fields")  # WellDataset leaves the key out when there are none
+    if constants is not None:
+        constants = constants.to(device, non_blocking=non_blocking)
+    return model_inputs(inputs, constants), to_channels(outputs[:, :1]).nan_to_num()
 
 
 def load_stats(dataset_dir: Path) -> dict:

@@ -38,15 +38,26 @@ FIELD_GROUPS = ("t0_fields", "t1_fields", "t2_fields")
 
 
 def _unsupported(path, what: str) -> UserError:
-    return UserError(f"{path}: {what}; the fast reader handles time- and sample-varying fields and constant "
-                     f"scalars only: drop --fast-reader to use the_well's WellDataset")
+    return UserError(f"{path}: {what}; the fast reader handles fields that vary along every axis (and in time "
+                     f"with the trajectory) and constant scalars only: drop --fast-reader to use the_well's WellDataset")
+
+
+def layout_support(lay) -> str:
+    """Whether FastWellDataset reads a Well dataset's layout (a wellfno.wellmeta.Layout): 'yes' or 'no: why'.
+
+    All 23 datasets' metadata describe fields it reads; what it refuses (`_unsupported`) shows
+    only in the files' attributes: fields constant along an axis, or changing in time but the
+    same in every trajectory.
+    """
+    return "yes" if lay.n_spatial_dims in (1, 2, 3) else f"no: {lay.n_spatial_dims}-D"
 
 
 class FastWellDataset(Dataset):
     """Windows of `n_steps_input + n_steps_output` frames, z-scored like WellDataset's samples.
 
     Each sample is {"input_fields": (n_in, *spatial, C), "output_fields": (n_out, *spatial, C),
-    "constant_scalars": (S,)} (the last only if the files have constant scalars).
+    "constant_fields": (*spatial, K), "constant_scalars": (S,)} (the last two only if the files
+    have time-constant fields or constant scalars), in 2-D or 3-D.
     """
 
     def __init__(self, path: str | Path, well_split_name: str = "train", n_steps_input: int = 1,
@@ -67,12 +78,14 @@ class FastWellDataset(Dataset):
         if not self.files_paths:
             raise UserError(f"no HDF5 files in {self.dataset_dir / 'data' / split}")
 
-        windows, offsets, self.constant_scalars = [], [0], []
+        windows, offsets, self.constant_scalars, trajectories, all_steps = [], [0], [], [], []
         for index, path in enumerate(self.files_paths):
             with h5py.File(path, "r") as f:
                 if index == 0:
                     self._read_layout(f, path)
                 steps = f["dimensions"]["time"].shape[-1]
+                trajectories.append(int(f.attrs["n_trajectories"]))
+                all_steps.append(int(steps))
                 n_windows = raw_steps_to_possible_sample_t0s(steps, n_steps_input, n_steps_output, 1)
                 if n_windows < 1:
                     raise UserError(f"{path} has {steps} frames: too few for {n_steps_input} input "
@@ -83,13 +96,16 @@ class FastWellDataset(Dataset):
         self.windows_per_trajectory = np.asarray(windows)
         self.file_offsets = np.asarray(offsets)  # sample index where each file starts
         self.len = int(self.file_offsets[-1])
+        self.metadata = self._metadata(trajectories, all_steps)
 
         # Per-channel mean and std, float32, exactly the values the_well's ZScoreNormalization
         # uses per field (std clipped at min_std), broadcast to the field's tensor components.
-        self.channel_mean = self.channel_std = None
+        self.channel_mean = self.channel_std = self._norm = None
         if use_normalization:
             stats = yaml.safe_load((self.dataset_dir / "stats.yaml").read_text())
-            norm = ZScoreNormalization(stats, self.core_field_names, [], min_denom=min_std)
+            norm = ZScoreNormalization(stats, self.core_field_names, self.core_constant_field_names,
+                                       min_denom=min_std)
+            self._norm = norm  # time-constant fields: normalized with it, as WellDataset does
             means, stds = [], []
             for _, field, component_shape in self.field_layout:
                 for source, out in ((norm.means[field], means), (norm.stds[field], stds)):
@@ -97,24 +113,38 @@ class FastWellDataset(Dataset):
             self.channel_mean, self.channel_std = torch.cat(means), torch.cat(stds)
             self._mean, self._std = self.channel_mean.numpy(), self.channel_std.numpy()  # numpy float32 scalars
         self._open_pid, self._datasets, self._buffers_pid, self._buffers = None, None, None, {}
+        self._files = None
+        self._constants = {}  # (file, trajectory) -> constant_fields tensor, read once
 
     def _read_layout(self, f: h5py.File, path) -> None:
         """Field names in WellDataset's channel order: t0, then t1, then t2 fields, components last."""
         spatial_dims = [d.decode() if isinstance(d, bytes) else d for d in f["dimensions"].attrs["spatial_dims"]]
         self.n_spatial_dims = len(spatial_dims)
+        self.grid_type = str(f.attrs["grid_type"])
+        self.bc_types = sorted({str(bc.attrs["bc_type"]) for bc in f["boundary_conditions"].values()})
         self.field_names = {order: [] for order in range(3)}
+        self.constant_field_names = {order: [] for order in range(3)}
         self.core_field_names, self.field_layout, dtypes = [], [], set()
+        self.core_constant_field_names, self.constant_layout = [], []
         for order, group in enumerate(FIELD_GROUPS):
             for name in f[group].attrs["field_names"]:
                 dset = f[group][name]
-                if not (dset.attrs["time_varying"] and dset.attrs["sample_varying"] and all(dset.attrs["dim_varying"])):
-                    raise _unsupported(path, f"field {group}/{name} is constant in time, sample or space")
+                if not all(dset.attrs["dim_varying"]):
+                    raise _unsupported(path, f"field {group}/{name} is constant along an axis")
+                # Component names as WellDataset builds them: A, or u_x, u_y, or S_xx, S_xy, ...
+                names = [f"{name}_{''.join(dims)}" if dims else name
+                         for dims in itertools.product(spatial_dims, repeat=order)]
+                if not dset.attrs["time_varying"]:  # e.g. a material's density: one per trajectory (or file)
+                    self.constant_layout.append((group, name, order, bool(dset.attrs["sample_varying"])))
+                    self.core_constant_field_names.append(name)
+                    self.constant_field_names[order] += names
+                    continue
+                if not dset.attrs["sample_varying"]:
+                    raise _unsupported(path, f"field {group}/{name} changes in time but is the same in every trajectory")
                 component_shape = dset.shape[2 + self.n_spatial_dims:]
                 self.field_layout.append((group, name, component_shape))
                 self.core_field_names.append(name)
-                # Component names as WellDataset builds them: A, or u_x, u_y, or S_xx, S_xy, ...
-                for dims in itertools.product(spatial_dims, repeat=order):
-                    self.field_names[order].append(f"{name}_{''.join(dims)}" if dims else name)
+                self.field_names[order] += names
                 dtypes.add(dset.dtype)
         if len(dtypes) != 1:
             raise _unsupported(path, f"fields of several dtypes ({sorted(map(str, dtypes))})")
@@ -133,20 +163,55 @@ class FastWellDataset(Dataset):
             values.append(torch.as_tensor(dset[()]).unsqueeze(-1))
         return torch.cat(values) if values else None
 
+    def _metadata(self, trajectories: list[int], steps: list[int]):
+        """the_well's WellMetadata of this split, as WellDataset.metadata describes it."""
+        from the_well.data.datasets import WellMetadata
+
+        with h5py.File(self.files_paths[0], "r") as f:
+            scalars = [str(n) for n in f["scalars"].attrs["field_names"]]
+            name = str(f.attrs["dataset_name"])
+        return WellMetadata(dataset_name=name, n_spatial_dims=self.n_spatial_dims,
+                            spatial_resolution=tuple(map(int, self.spatial_shape)), scalar_names=[],
+                            constant_scalar_names=scalars, field_names=self.field_names,
+                            constant_field_names=self.constant_field_names, boundary_condition_types=self.bc_types,
+                            n_files=len(self.files_paths), n_trajectories_per_file=trajectories,
+                            n_steps_per_trajectory=steps, grid_type=self.grid_type)
+
+    def constant_fields(self, file_idx: int, trajectory: int):
+        """(*spatial, K): a trajectory's time-constant fields, with WellDataset's own torch ops, so bitwise equal."""
+        key = (file_idx, trajectory)
+        if key not in self._constants:
+            if len(self._constants) > 64:
+                self._constants.clear()
+            f = self._open_files()[file_idx]
+            parts = []
+            for group, name, order, sample_varying in self.constant_layout:
+                x = torch.as_tensor(f[group][name][trajectory] if sample_varying else f[group][name][...])
+                if self._norm is not None:
+                    x = self._norm.normalize(x, name)
+                parts.append(x.unsqueeze(-1).flatten(-order - 1))  # components last, as WellDataset flattens
+            self._constants[key] = torch.concatenate(parts, dim=-1)
+        return self._constants[key]
+
     def __len__(self) -> int:
         return self.len
 
     def __getstate__(self):
         # Open HDF5 handles cannot be pickled (spawned workers) and must not be shared after a fork.
-        return {**self.__dict__, "_open_pid": None, "_datasets": None, "_buffers_pid": None, "_buffers": {}}
+        return {**self.__dict__, "_open_pid": None, "_datasets": None, "_files": None, "_buffers_pid": None,
+                "_buffers": {}, "_constants": {}}
 
     def _open(self):
         """HDF5 datasets of this process, opened on first use after a fork."""
         if self._open_pid != os.getpid():
-            files = [h5py.File(path, "r") for path in self.files_paths]
-            self._datasets = [[f[group][name] for group, name, _ in self.field_layout] for f in files]
+            self._files = [h5py.File(path, "r") for path in self.files_paths]
+            self._datasets = [[f[group][name] for group, name, _ in self.field_layout] for f in self._files]
             self._open_pid = os.getpid()
         return self._datasets
+
+    def _open_files(self) -> list[h5py.File]:
+        self._open()
+        return self._files
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sample indices -> (file, trajectory in the file, first frame) arrays, as WellDataset counts them."""
@@ -210,6 +275,8 @@ class FastWellDataset(Dataset):
         samples = []
         for b, file_idx in enumerate(files.tolist()):
             sample = {"input_fields": windows[b, :self.n_steps_input], "output_fields": windows[b, self.n_steps_input:]}
+            if self.constant_layout:
+                sample["constant_fields"] = self.constant_fields(file_idx, int(trajectories[b]))
             scalars = self.constant_scalars[file_idx]
             if scalars is not None:
                 sample["constant_scalars"] = scalars

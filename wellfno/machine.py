@@ -23,7 +23,8 @@ def machine_info(device=None) -> dict:
     import torch
 
     info = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+            else os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "torch_threads": torch.get_num_threads()}
     try:
         info["load_average"] = round(os.getloadavg()[0], 2)
     except OSError:
@@ -41,4 +42,6 @@ def describe(info: dict) -> str:
     """One line naming a results file's machine: 'AMD EPYC 7B13, 2 cores, torch 2.13.0+cpu, no GPU'."""
     gpu = info.get("gpu") or "no GPU"
     load = f", load average {info['load_average']}" if "load_average" in info else ""
-    return f"{info.get('cpu', 'unknown CPU')}, {info.get('cores', '?')} cores, torch {info.get('torch', '?')}, {gpu}{load}"
+    threads = f" ({info['torch_threads']} thread{'s' if info['torch_threads'] != 1 else ''})" if "torch_threads" in info else ""
+    return (f"{info.get('cpu', 'unknown CPU')}, {info.get('cores', '?')} cores, torch {info.get('torch', '?')}{threads}, "
+            f"{gpu}{load}")

@@ -27,25 +27,41 @@ def channel_stats(stats: dict, field_names: list[str]) -> dict[str, torch.Tensor
 
 
 class NextFrameFNO(nn.Module):
-    """z-scored frames (B, T*C, H, W) -> z-scored next frame (B, C, H, W).
+    """z-scored frames (B, T*C + K, *spatial) -> z-scored next frame (B, C, *spatial), in 1, 2 or 3-D.
 
     `channels_per_frame` (C) counts tensor components, not fields: a scalar field is one
-    channel, a 2-D velocity two (`wellfno.data.channel_names` lists them).
+    channel, a 2-D velocity two (`wellfno.data.channel_names` lists them). The K
+    `constant_channels` (fields that do not change in time, e.g. a material's density)
+    come after the frames, once (`wellfno.data.batch_to_model`). The FNO has one Fourier
+    mode count per spatial axis, at most the axis' length.
     """
 
     def __init__(self, channels_per_frame: int, n_steps_input: int, stats: dict[str, torch.Tensor], *,
-                 modes: int = 12, hidden: int = 32, layers: int = 4):
+                 n_spatial_dims: int = 2, constant_channels: int = 0, resolution=None,
+                 modes: int = 12, width: int = 32, layers: int = 4):
         super().__init__()
-        self.channels_per_frame = channels_per_frame
-        self.fno = FNO(n_modes=(modes, modes), in_channels=channels_per_frame * n_steps_input,
-                       out_channels=channels_per_frame, hidden_channels=hidden, n_layers=layers)
+        self.channels_per_frame, self.width, self.layers = channels_per_frame, width, layers
+        self.resolution = tuple(resolution) if resolution else None  # for wellfno.memory's estimates
+        self.in_channels = channels_per_frame * n_steps_input + constant_channels
+        self.last_frame = slice(channels_per_frame * (n_steps_input - 1), channels_per_frame * n_steps_input)
+        n_modes = tuple(min(modes, n) for n in resolution) if resolution else (modes,) * n_spatial_dims
+        self.fno = FNO(n_modes=n_modes, in_channels=self.in_channels, out_channels=channels_per_frame,
+                       hidden_channels=width, n_layers=layers)
         # One step of change in z-scored units: (delta - mean_delta) / std_delta, times std_delta / std.
         std = stats["std"].clamp_min(1e-4)
-        self.register_buffer("delta_scale", (stats["std_delta"].clamp_min(1e-4) / std).view(1, -1, 1, 1))
-        self.register_buffer("delta_shift", (stats["mean_delta"] / std).view(1, -1, 1, 1))
+        per_channel = (1, -1) + (1,) * len(n_modes)
+        self.register_buffer("delta_scale", (stats["std_delta"].clamp_min(1e-4) / std).view(per_channel))
+        self.register_buffer("delta_shift", (stats["mean_delta"] / std).view(per_channel))
+
+    @classmethod
+    def for_dataset(cls, dataset, n_steps_input: int, stats: dict[str, torch.Tensor], **options):
+        """The model for a WellDataset's layout (`dataset.metadata`: channels, constant fields, grid)."""
+        meta = dataset.metadata
+        return cls(meta.n_fields, n_steps_input, stats, n_spatial_dims=meta.n_spatial_dims,
+                   constant_channels=meta.n_constant_fields, resolution=meta.spatial_resolution, **options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        last = x[:, -self.channels_per_frame:]
+        last = x[:, self.last_frame]
         return last + self.fno(x) * self.delta_scale + self.delta_shift
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

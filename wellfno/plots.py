@@ -11,21 +11,33 @@ import numpy as np  # noqa: E402
 
 from wellfno.cli import atomic_write_bytes  # noqa: E402
 
+MAX_FIELDS = 6  # rows of three panels each; more would make a figure nobody can read
+
 
 def rollout_figure(true, pred, field_names, path, *, mean=None, std=None, steps=None,
                    model_vrmse=None, persistence_vrmse=None):
     """For every field: rows reference / prediction / error, columns rollout steps.
 
-    true, pred: (T, H, W, F) z-scored; mean/std (per field) turn them back into physical units.
+    true, pred: (T, H, W, F) or, 3-D, (T, X, Y, Z, F), z-scored; mean/std (per field) turn them
+    back into physical units. A 3-D field is shown on its middle plane across the last axis.
+    At most MAX_FIELDS fields are drawn (the first ones), so the figure stays readable.
     Reference and prediction share one colour scale per field; the error has its own
     symmetric scale, shared across steps, so growth of the error is visible.
     """
     true, pred = np.asarray(true, dtype=np.float64), np.asarray(pred, dtype=np.float64)
     if mean is not None:
         true, pred = true * np.asarray(std) + np.asarray(mean), pred * np.asarray(std) + np.asarray(mean)
+    notes = []
+    if true.ndim == 5:  # (T, X, Y, Z, F): one plane, z at its middle
+        depth = true.shape[3]
+        true, pred = true[:, :, :, depth // 2], pred[:, :, :, depth // 2]
+        notes.append(f"3-D: the plane {depth // 2} of {depth} along the last axis")
     n_t = true.shape[0]
     if steps is None:
         steps = sorted({0, 1, 4, min(9, n_t - 1), n_t // 2, n_t - 1} & set(range(n_t)))
+    if len(field_names) > MAX_FIELDS:
+        notes.append(f"the first {MAX_FIELDS} of {len(field_names)} fields")
+        field_names = field_names[:MAX_FIELDS]
     n_f = len(field_names)
     fig, axes = plt.subplots(3 * n_f, len(steps), figsize=(1.9 * len(steps) + 1.2, 5.4 * n_f), squeeze=False)
     for f, name in enumerate(field_names):
@@ -47,11 +59,11 @@ def rollout_figure(true, pred, field_names, path, *, mean=None, std=None, steps=
                     ax.set_ylabel(f"{name}\n{label}", fontsize=9)
                 if c == len(steps) - 1:
                     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    title = "Autoregressive rollout on a validation trajectory"
+    title = "Autoregressive rollout on a validation trajectory" + "".join(f"\n{note}" for note in notes)
     if model_vrmse is not None:
         title += f"\nVRMSE step 1: model {model_vrmse[0]:.3f}, persistence {persistence_vrmse[0]:.3f}"
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.18 * (title.count("\n") + 1) / fig.get_figheight()))  # room for the title
     save_png(fig, path, dpi=90)
 
 

@@ -63,8 +63,10 @@ def caption(result: dict) -> str:
     return f"_Measured by `{result['command']}` on {describe(result['machine'])}{', ' + when if when else ''}._"
 
 
-def md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def md_table(header: list[str], rows: list[list], align: str = "") -> str:
+    """A Markdown table; `align` has one letter per column, r for right-aligned (numbers), else left."""
+    rule = ["---:" if a == "r" else "---" for a in align.ljust(len(header), "l")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -103,19 +105,57 @@ def render(root: Path, check: bool = False) -> list[Path]:
 
 # --------------------------------------------------------------------------- step runtimes
 # Each step's command as the docs give it: {py} the venv's python, {D} the data dir, {OUT} an output folder.
+# (step, command, what it stands for in the table); step 01's run is also the profile exercise 01 shows.
 RUNTIME_COMMANDS = [
+    ("data", "{py} -m wellfno.grayscott --data-dir {D}_tiny --size tiny"),
     ("data", "{py} -m wellfno.grayscott --data-dir {D} --size demo"),
     ("00", "{py} fno.py --data-dir {D} --out {OUT}/00"),
     ("01", "{py} solutions/01_profiling/fno.py --profile --data-dir {D} --out {OUT}/01"),
+    ("02", "{py} profiling/throughput.py --data-dir {D} --out {OUT}/02 --seconds 2 --repeats 2 --prefetch-factor 2"),
     ("03", "{py} affinity/report.py --workers 2"),
     ("04", "{py} stats.py {D}/datasets/gray_scott_embedded --out {OUT}/stats.yaml"),
     ("04", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
            "solutions/04_distributed_stats/stats.py {D}/datasets/gray_scott_embedded --out {OUT}/stats2.yaml"),
+    ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
 
 
+CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there
+
+
+def _folder_megabytes(path: Path) -> float:
+    """Size on disk of a folder (what `du -s` counts: allocated blocks)."""
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def _step_extras(step: str, argv: list[str], stdout: str, runs: Path) -> dict:
+    """What a step's run showed besides its wall time: the numbers the docs quote from it."""
+    extra = {}
+    if step == "data":
+        dataset = Path(argv[argv.index("--data-dir") + 1]) / "datasets" / "gray_scott_embedded"
+        extra["size_mb"] = round(_folder_megabytes(dataset), 1)
+    elif step == "00" and (runs / "00" / "metrics.json").exists():
+        m = json.loads((runs / "00" / "metrics.json").read_text())
+        extra.update(samples_per_second=round(m["samples_per_second"], 1),
+                     rollout_vrmse=[round(v, 4) for v in m["rollout_vrmse"]],
+                     persistence_vrmse=[round(v, 4) for v in m["persistence_vrmse"]],
+                     epochs=[{k: round(h[k], 4) for k in ("train_loss", "valid_loss")}
+                             | {"samples_per_second": round(h["samples"] / h["seconds"], 1)} for h in m["history"]])
+        # kept for older readers of this file
+        extra.update(rollout_vrmse_step1=extra["rollout_vrmse"][0], persistence_vrmse_step1=extra["persistence_vrmse"][0])
+    elif step == "01":
+        found = sorted((runs / "01").glob("trace_rank0_steps*.json.gz"))
+        if found:
+            from profiling import summarize, traces
+            summary = summarize.summarize(traces.load(found[0]))
+            extra["profile"] = {"trace": found[0].name, "steps": summary["steps"],
+                                "top_host": summary["top"]["host"][:10]}
+        extra["stdout"] = stdout
+    return extra
+
+
 def measure_runtimes(root: Path, out_json: Path) -> dict:
-    rows = []
+    rows, failed = [], []
     with tempfile.TemporaryDirectory(prefix="wellfno-runtimes-") as scratch:
         for step, template in RUNTIME_COMMANDS:
             shown = template.format(py="python", D="D", OUT="OUT")
@@ -124,32 +164,388 @@ def measure_runtimes(root: Path, out_json: Path) -> dict:
             start = time.perf_counter()
             proc = subprocess.run(argv, cwd=root, capture_output=True, text=True)
             seconds = time.perf_counter() - start
-            if proc.returncode != 0:
-                last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-                raise UserError(f"step {step} failed ({shown}): {last}")
             row = {"step": step, "command": shown, "seconds": round(seconds, 1)}
-            metrics = Path(scratch, "runs", "00", "metrics.json")
-            if step == "00" and metrics.exists():
-                m = json.loads(metrics.read_text())
-                row["samples_per_second"] = round(m["samples_per_second"], 1)
-                row["rollout_vrmse_step1"] = round(m["rollout_vrmse"][0], 4)
-                row["persistence_vrmse_step1"] = round(m["persistence_vrmse"][0], 4)
+            if proc.returncode != 0:
+                # The table says so, and the other steps are still measured: one broken step must
+                # not cost the whole (long) run.
+                errors = [line for line in proc.stderr.splitlines() if "Error" in line or line.startswith("error:")]
+                row["failed"] = (errors or proc.stderr.strip().splitlines() or ["(no output)"])[-1].strip()[:200]
+                failed.append(f"{step} ({shown}): {row['failed']}")
+                print(f"      FAILED after {seconds:.1f} s: {row['failed']}", flush=True)
+            else:
+                row.update(_step_extras(step, argv, proc.stdout, Path(scratch, "runs")))
+                print(f"      {seconds:.1f} s", flush=True)
             rows.append(row)
-            print(f"      {seconds:.1f} s", flush=True)
     write_result(out_json, "python -m wellfno.results runtimes", {"rows": rows})
+    if failed:
+        raise UserError(f"wrote {out_json}, but {len(failed)} step(s) failed: " + "; ".join(failed))
     return {"rows": rows}
 
 
+def _caption(result: dict) -> str:
+    """caption(), plus a warning when other work outnumbered the cores during the run."""
+    machine = result["machine"]
+    load, cores = machine.get("load_average"), machine.get("cores")
+    if load is not None and cores and load > cores:
+        return (caption(result) + f" _The load average ({load}) was above the number of cores ({cores}): other "
+                "jobs' noise is in these numbers; re-measure on an idle machine (`make results`)._")
+    return caption(result)
+
+
+def _result(root, name: str) -> dict:
+    return read_result(Path(root) / "results" / name)
+
+
+def _optional(root, name: str) -> dict | None:
+    return _result(root, name) if (Path(root) / "results" / name).exists() else None
+
+
+def _rows_by_step(result: dict) -> dict[str, list[dict]]:
+    steps: dict[str, list[dict]] = {}
+    for row in result["data"]["rows"]:
+        steps.setdefault(row["step"], []).append(row)
+    return steps
+
+
+def _profile_shares(profile: dict) -> dict[str, float]:
+    """Each part's share of the profiled steps' total time (the summary's `share` row)."""
+    steps = profile["steps"]
+    total = sum(s["total"] for s in steps)
+    # the step's parts (profiling/summarize.py); other per-step columns (syncs, collectives) are counts
+    parts = [k for k in ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "rest") if k in steps[0]]
+    return {k: sum(s[k] for s in steps) / total for k in parts}
+
+
+def _failed_step(row: dict, result: dict) -> str:
+    return (f"`{row['command']}` failed in the last measurement (`{row.get('failed', 'no output recorded')}`): "
+            f"nothing to show until it runs again.\n\n{_caption(result)}")
+
+
+def _runtime_note(row: dict) -> str:
+    if "failed" in row:
+        return f" — **failed**: `{row['failed']}`"
+    if "size_mb" in row:
+        return f"; {row['size_mb']:.0f} MB on disk" if row["size_mb"] >= 1 else f"; {row['size_mb']:.1f} MB on disk"
+    if "rollout_vrmse" in row or "rollout_vrmse_step1" in row:
+        return (f"; {row['samples_per_second']:.0f} samples/s, rollout VRMSE step 1 "
+                f"{row['rollout_vrmse_step1']:.3f} (persistence {row['persistence_vrmse_step1']:.3f})")
+    if "samples_per_second" in row:
+        return f"; {row['samples_per_second']:.0f} samples/s"
+    if "profile" in row:
+        return f"; data_wait {100 * _profile_shares(row['profile'])['data_wait']:.0f} % of each profiled step"
+    return ""
+
+
 def runtimes_table(root: Path) -> str:
-    result = read_result(root / "results" / "runtimes.json")
+    """INSTRUCTORS.md's expected runtimes: results/runtimes.json, and results/runtimes_gpu.json where measured."""
+    result = _result(root, "runtimes.json")
+    gpu = _optional(root, "runtimes_gpu.json")
+    gpu_seconds = {row["command"]: row for row in gpu["data"]["rows"]} if gpu else {}
     rows = []
     for row in result["data"]["rows"]:
-        extra = ""
-        if "samples_per_second" in row:
-            extra = (f"; {row['samples_per_second']:.0f} samples/s, rollout VRMSE step 1 "
-                     f"{row['rollout_vrmse_step1']:.3f} (persistence {row['persistence_vrmse_step1']:.3f})")
-        rows.append([row["step"], f"`{row['command']}`", f"{row['seconds']:.1f} s{extra}"])
-    return md_table(["step", "command", "wall time"], rows) + "\n\n" + caption(result)
+        on_gpu = gpu_seconds.get(row["command"])
+        rows.append([row["step"], f"`{row['command']}`", f"{row['seconds']:.1f} s{_runtime_note(row)}",
+                     f"{on_gpu['seconds']:.1f} s{_runtime_note(on_gpu)}" if on_gpu else
+                     "(CPU only)" if row["step"] in CPU_ONLY_STEPS else "to be measured"])
+    lines = md_table(["step", "command", "wall time here", "GPU node"], rows) + "\n\n" + _caption(result)
+    if gpu:
+        lines += "\n" + _caption(gpu).replace("_Measured by", "_GPU column measured by")
+    return lines
+
+
+def dataset_sizes_table(root: Path) -> str:
+    """INSTRUCTORS.md's embedded dataset sizes: generation time and size on disk from results/runtimes.json."""
+    result = _result(root, "runtimes.json")
+    measured = {}
+    for row in _rows_by_step(result).get("data", []):
+        size = "tiny" if "--size tiny" in row["command"] else "demo"
+        measured[size] = f"{row['seconds']:.1f} s wall, {row.get('size_mb', 0):.1f} MB on disk"
+    rows = [["`tiny`", "16×16, 12", "2/1/1, 2 regimes", measured.get("tiny", "to be measured") + " (tests only)"],
+            ["`demo`", "32×32, 40", "6/2/2, 6 regimes", measured.get("demo", "to be measured")],
+            ["`large`", "128×128 (The Well's resolution), 201", "16/2/2, 6 regimes",
+             "not generated here; 6 × 20 trajectories × 201 frames × 128² × 2 fields × 4 bytes = 3.2 GB of "
+             "float32 (arithmetic, not a measurement); to be measured"]]
+    return md_table(["size", "grid, frames", "trajectories (train/valid/test per regime)", "measured here"],
+                    rows) + "\n\n" + _caption(result)
+
+
+def demo_run_summary(root: Path) -> str:
+    """INSTRUCTORS.md's step 00: losses per epoch and where persistence overtakes the rollout (runtimes.json)."""
+    result = _result(root, "runtimes.json")
+    row = _rows_by_step(result)["00"][0]
+    if "rollout_vrmse" not in row:
+        return _failed_step(row, result)
+    model, persistence = row["rollout_vrmse"], row["persistence_vrmse"]
+    worse = next((k for k, (m, p) in enumerate(zip(model, persistence)) if m > p), None)
+    shown = sorted({0, 4} | ({worse - 1, worse} if worse else set()) | {len(model) - 1})
+    table = md_table(["epoch", "train loss", "valid loss", "samples/s"],
+                     [[i + 1, f"{e['train_loss']:.4f}", f"{e['valid_loss']:.4f}", f"{e['samples_per_second']:.0f}"]
+                      for i, e in enumerate(row["epochs"])])
+    table += "\n\n" + md_table(["rollout step", "VRMSE model", "VRMSE persistence"],
+                               [[k + 1, f"{model[k]:.3f}", f"{persistence[k]:.3f}"] for k in shown if 0 <= k < len(model)])
+    first = f"persistence is better from rollout step {worse + 1} on" if worse is not None else \
+        "the model beats persistence at every rollout step"
+    return f"`{row['command']}`: {first}.\n\n{table}\n\n{_caption(result)}"
+
+
+# ---- exercise 01: the profile (step 01 of runtimes.json) and the profiler's overhead
+def _elide(lines: list[str], keep: int) -> list[str]:
+    return lines if len(lines) <= keep else lines[:keep] + ["..."]
+
+
+def profile_transcript(root: Path) -> str:
+    """Exercise 01's "what you should see": the profiled run's output, long tables cut, from runtimes.json."""
+    result = _result(root, "runtimes.json")
+    row = _rows_by_step(result)["01"][0]
+    if "profile" not in row:
+        return _failed_step(row, result)
+    out, lines, i = [], row["stdout"].splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("-----") and i + 2 < len(lines) and "Name" in lines[i + 1]:
+            j = i + 3   # key_averages: the header, 6 operators, the total
+            body = []
+            while j < len(lines) and not lines[j].startswith("-----"):
+                body.append(lines[j])
+                j += 1
+            out += lines[i:i + 3] + _elide(body, 6) + lines[j:j + 2]
+            i = j + 2
+        elif line.startswith("Top ") and line.endswith(":"):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("  "):
+                j += 1
+            out += [line] + _elide(lines[i + 1:j], 3)
+            i = j
+        else:
+            out.append(line)
+            i += 1
+    text = "\n".join(out)
+    text = re.sub(r"\S*/runs/01/", "OUT/01/", text)   # the run's scratch folder
+    shares = _profile_shares(row["profile"])
+    steps = row["profile"]["steps"]
+    wait_ms = sum(s["data_wait"] for s in steps) / len(steps)
+    return (f"```\n$ {row['command']}\n{text}\n```\n\n"
+            f"The whole command took {row['seconds']:.0f} s. The data wait: {100 * shares['data_wait']:.1f} % of the "
+            f"profiled steps, {wait_ms:.1f} ms per step of 16 samples "
+            f"({wait_ms / 16:.1f} ms a sample, DataLoader and collation included).\n\n{_caption(result)}")
+
+
+def overhead_table(root: Path) -> str:
+    """Exercise 01's profiler overhead, from results/profiling_overhead.json (profiling/overhead.py --results)."""
+    result = _result(root, "profiling_overhead.json")
+    d = result["data"]
+    labels = {"before": "before the window (wait)", "outside": "outside the window (wait + after)",
+              "inside": "inside the window (warmup + active)"}
+    rows = [[label, f"{d[k]['plain_steps_per_s']:.2f}", f"{d[k]['profiled_steps_per_s']:.2f}", f"{d[k]['ratio']:.3f}",
+             f"{100 * (1 - d[k]['ratio']):+.1f} %"] for k, label in labels.items() if k in d]
+    step_ms = 1e3 / d["outside"]["plain_steps_per_s"]
+    idle = d["idle_record_function_us"]
+    return (md_table(["steps", "plain steps/s", "profiled steps/s", "ratio", "slower by"], rows, "lrrrr") +
+            f"\n\nAn idle `record_function` range (no profiler running) costs {idle:.1f} µs here: 5 per step "
+            f"= {100 * 5 * idle / 1e3 / step_ms:.2f} % of a {step_ms:.0f} ms step.\n\n" + _caption(result))
+
+
+# ---- exercise 02: the loader sweep, the readers, the scripts
+def _workers(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'}"
+
+
+def _fmt_rate(value: float) -> str:
+    """samples/s: whole numbers, but a decimal below 10 (a loaded machine gets there)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def throughput_table(root: Path, name: str = "throughput.json") -> str:
+    """Exercise 02's loader sweep, from results/throughput.json (profiling/throughput.py --results)."""
+    result = _result(root, name)
+    d = result["data"]
+    r = d["readers"]
+    rates = r["samples_per_s"]
+    rows = [[row["reader"], row["num_workers"], "on" if row["pin_memory"] else "off",
+             "-" if row["prefetch_factor"] is None else row["prefetch_factor"], _fmt_rate(row["data_only"]),
+             _fmt_rate(row["compute_only"]), _fmt_rate(row["full"]), f"{row['efficiency']:.2f}"] for row in d["rows"]]
+    text = (f"Readers alone (no DataLoader, batches of {d['config']['batch_size']}): raw h5py "
+            f"{_fmt_rate(rates['raw_h5py'])}, fast reader {_fmt_rate(rates['fast'])}, WellDataset "
+            f"{_fmt_rate(rates['well'])} samples/s ({1e3 / rates['well']:.1f} ms a sample); fast / raw "
+            f"**{r['fast_over_raw']:.2f}**, fast / WellDataset **{r['fast_over_well']:.0f}×**.\n\n")
+    text += md_table(["reader", "workers", "pin", "prefetch", "data_only", "compute_only", "full", "full / compute"],
+                     rows, "lrlrrrrr")
+    for reader in dict.fromkeys(row["reader"] for row in d["rows"]):
+        mine = [row for row in d["rows"] if row["reader"] == reader]
+        top = max(mine, key=lambda row: row["full"])
+        line = (f"\n\n`{reader}`: best full {_fmt_rate(top['full'])} samples/s with {_workers(top['num_workers'])} "
+                f"(full / compute-only {top['efficiency']:.2f})")
+        zero = [row for row in mine if row["num_workers"] == 0]
+        two = [row for row in mine if row["num_workers"] == 2]
+        if zero and two:
+            line += f"; data_only with 2 workers / 0 workers = {two[0]['data_only'] / zero[0]['data_only']:.2f}"
+        text += line + "."
+    return text + "\n\n" + _caption(result)
+
+
+def readers_large_table(root: Path) -> str:
+    """Exercise 02's readers on 128×128 windows, from results/throughput_large.json."""
+    result = _result(root, "throughput_large.json")
+    r = result["data"]["readers"]
+    rates = r["samples_per_s"]
+    return (md_table(["reader", "samples/s", "vs raw h5py"], align="lrr", rows=
+                     [["raw h5py slices", _fmt_rate(rates["raw_h5py"]), "1.00"],
+                      ["fast reader", _fmt_rate(rates["fast"]), f"**{r['fast_over_raw']:.2f}**"],
+                      ["WellDataset", _fmt_rate(rates["well"]), f"{r['well_over_raw']:.3f}"]])
+            + "\n\n" + _caption(result))
+
+
+def scripts_table(root: Path) -> str:
+    """Exercise 02's whole-script comparison, from results/compare_scripts.json (compare_scripts.py --results)."""
+    result = _result(root, "compare_scripts.json")
+    d = result["data"]
+    rows = [[f"`{row['command']}`", f"{row['samples_per_s']:.1f}", f"{row['vs_first']:.2f}×"] for row in d["rows"]]
+    return (md_table(["script", "samples/s", f"vs {d['rows'][0]['command']}"], rows, "lrr") +
+            f"\n\nEach script with `{d['script_args']}`, best of {d['repeats']} round-robin rounds.\n\n" + _caption(result))
+
+
+def step02_summary(root: Path) -> str:
+    """INSTRUCTORS.md's step 02 figures: the same results/throughput.json as exercise 02's sweep."""
+    result = _result(root, "throughput.json")
+    d = result["data"]
+    names = {"well": "the_well's `WellDataset`", "fast": "`wellfno.fastwell`"}
+    rows = []
+    for reader in dict.fromkeys(row["reader"] for row in d["rows"]):
+        mine = [row for row in d["rows"] if row["reader"] == reader]
+        zero = next(row for row in mine if row["num_workers"] == 0) if any(r["num_workers"] == 0 for r in mine) else mine[0]
+        top = max(mine, key=lambda row: row["full"])
+        rows.append([names.get(reader, reader), _fmt_rate(zero["data_only"]), _fmt_rate(zero["full"]),
+                     _fmt_rate(zero["compute_only"]), f"{zero['efficiency']:.2f}",
+                     f"{_fmt_rate(top['full'])} ({_workers(top['num_workers'])}, {top['efficiency']:.2f})"])
+    return (md_table(["reader", "DataLoader alone, 0 workers", "full step, 0 workers", "compute-only",
+                      "full / compute-only", "best full step (workers, full / compute-only)"], rows, "lrrrrr")
+            + "\n\nsamples/s; exercise 02's sweep table has every configuration.\n\n" + _caption(result))
+
+
+# ---- INSTRUCTORS.md: torch threads next to a busy process
+def threads_table(root: Path) -> str:
+    """Training samples/s by torch threads, alone and next to busy processes (profiling/threads.py --results)."""
+    result = _result(root, "threads.json")
+    d = result["data"]
+    busy = sorted({row["busy_processes"] for row in d["rows"]})
+    threads = sorted({row["threads"] for row in d["rows"]})
+    rate = {(row["threads"], row["busy_processes"]): row["samples_per_s"] for row in d["rows"]}
+    header = ["torch threads"] + ["alone" if b == 0 else f"next to {b} busy process{'es' if b > 1 else ''}"
+                                  for b in busy]
+    rows = [[t] + [_fmt_rate(rate[(t, b)]) if (t, b) in rate else "" for b in busy] for t in threads]
+    return md_table(header, rows, "r" * len(header)) + "\n\n" + _caption(result)
+
+
+# ---- README.md: one row per step, each quoting its results file
+def _link(name: str) -> str:
+    return f"[`results/{name}`](results/{name})"
+
+
+def _stats_benchmark(root: Path) -> dict | None:
+    """Exercise 04's benchmark file, in wellfno.results' layout or in benchmark.py's own (top-level keys)."""
+    path = Path(root) / "results" / "04_stats_benchmark.json"
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    if "data" in raw:
+        return read_result(path)
+    machine = dict(raw.get("machine", {}))
+    if "load_average_at_end" in machine:
+        machine.setdefault("load_average", round(machine["load_average_at_end"], 2))
+    return {"command": raw.get("command", "python solutions/04_distributed_stats/benchmark.py"), "machine": machine,
+            "measured_at": raw.get("date", ""), "data": raw}
+
+
+def readme_results_table(root: Path) -> str:
+    root = Path(root)
+    rows, results = [], {}
+
+    def use(name):
+        results[name] = results.get(name) or _optional(root, name)
+        return results[name]
+
+    runtimes = use("runtimes.json")
+    steps = _rows_by_step(runtimes) if runtimes else {}
+    if "00" in steps and "rollout_vrmse" in steps["00"][0]:
+        r = steps["00"][0]
+        rows.append(["00", f"`{r['command']}`", f"{r['seconds']:.0f} s; {r['samples_per_second']:.0f} samples/s; "
+                     f"rollout VRMSE step 1 **{r['rollout_vrmse'][0]:.3f} vs {r['persistence_vrmse'][0]:.3f}** for "
+                     f"persistence, step 5 {r['rollout_vrmse'][4]:.3f} vs {r['persistence_vrmse'][4]:.3f}",
+                     _link("runtimes.json")])
+    if "01" in steps and "profile" in steps["01"][0]:
+        r = steps["01"][0]
+        prof = r["profile"]["steps"]
+        wait = sum(s["data_wait"] for s in prof) / len(prof)
+        total = sum(s["total"] for s in prof) / len(prof)
+        over = use("profiling_overhead.json")
+        cost = (f"; steps/s with the profiler waiting for its window / without: "
+                f"{over['data']['before']['ratio']:.2f} (`profiling/overhead.py`, {_link('profiling_overhead.json')})"
+                if over else "")
+        rows.append(["01", f"`{r['command']}`", f"{r['seconds']:.0f} s; waiting for data is "
+                     f"**{100 * wait / total:.0f} %** of a profiled step ({wait:.0f} ms of {total:.0f} ms){cost}",
+                     _link("runtimes.json")])
+    scripts, tp = use("compare_scripts.json"), use("throughput.json")
+    if scripts or tp:
+        parts = []
+        if scripts:
+            srows = scripts["data"]["rows"]
+            top = max(srows, key=lambda row: row["samples_per_s"])
+            parts.append(f"training samples/s: `{srows[0]['command']}` {_fmt_rate(srows[0]['samples_per_s'])}, "
+                         f"fastest of {len(srows)} scripts `{top['command']}` {_fmt_rate(top['samples_per_s'])} "
+                         f"(**{top['vs_first']:.2f}×**)")
+        if tp:
+            rd = tp["data"]["readers"]
+            parts.append(f"fast reader at {rd['fast_over_raw']:.2f} of raw h5py and {rd['fast_over_well']:.0f}× "
+                         f"`WellDataset`")
+        rows.append(["02", "`python profiling/compare_scripts.py ...`, `python profiling/throughput.py ...` "
+                     "([exercise 02](exercises/02_data_pipeline/README.md#results))", "; ".join(parts),
+                     ", ".join(_link(n) for n, r in (("compare_scripts.json", scripts), ("throughput.json", tp)) if r)])
+    aff = use("affinity_benchmark.json")
+    if aff:
+        tables = aff["data"]["tables"]
+        pipeline = dict((n, v) for n, v in tables[0]["rows"])
+        text = (f"2 DataLoader workers collapsed on one core vs spread by `worker_init_fn`: "
+                f"**{pipeline['worker_init_fn'] / pipeline['collapsed']:.2f}×**")
+        if len(tables) > 1:
+            busy, free = (v for _, v in tables[1]["rows"][:2])
+            text += f"; a worker sharing a busy core: {free / busy:.2f}× slower"
+        rows.append(["03", f"`{aff['command']}` ([exercise 03](exercises/03_affinity/README.md#5-measure-when-does-it-pay))",
+                     text, _link("affinity_benchmark.json")])
+    stats = _stats_benchmark(root)
+    if stats:
+        results["04_stats_benchmark.json"] = stats
+    tested = ("the tests (`tests/test_stats_distributed.py`) check that 1, 2, 3 and 4 ranks on one machine "
+              "(python, srun-style and torchrun launches) and two torchrun agents on one machine standing in for "
+              "two nodes write the serial `stats.yaml` bit for bit")
+    if stats:
+        d = stats["data"]
+        by_ranks = {r["ranks"]: r for r in d["rows"] if r["name"].startswith("distributed")}
+        same = [k for k, v in d["bitwise_identical_to_serial"].items() if v]
+        text = (f"on a {d['dataset']['gigabytes']:.2f} GB split: " +
+                ", ".join(f"{n} rank{'s' if n > 1 else ''} {r['seconds']:.2f} s" for n, r in sorted(by_ranks.items())))
+        if 1 in by_ranks and len(by_ranks) > 1:
+            n = max(by_ranks)
+            text += f" (speed-up {by_ranks[1]['seconds'] / by_ranks[n]['seconds']:.1f}× with {n} ranks)"
+        text += (f"; {len(same)} of {len(d['bitwise_identical_to_serial'])} distributed runs bit for bit equal to "
+                 f"the serial `stats.yaml`; {tested}")
+        rows.append(["04", f"`{stats['command']}`", text, _link("04_stats_benchmark.json")])
+    else:
+        rows.append(["04", "`python solutions/04_distributed_stats/benchmark.py --json results/04_stats_benchmark.json`",
+                     f"timings to be measured (no results file yet); {tested}", "—"])
+    efficiency = use("efficiency_cpu/efficiency.json")
+    if efficiency:  # exercise 06: its sentence lives beside the table it summarises
+        from wellfno.flops import readme_results_row
+
+        rows.append(readme_results_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
+    machines = {}
+    for name, res in results.items():
+        if res:
+            m = res["machine"]
+            machines.setdefault(f"{m.get('cpu', 'unknown CPU')}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')}, "
+                                f"{m.get('gpu') or 'no GPU'}", []).append(
+                f"`{name}` {res['machine'].get('load_average', '?')} ({res.get('measured_at', '')[:10]})")
+    notes = "; ".join(f"{m} — load average at the end of each run: {', '.join(v)}" for m, v in machines.items())
+    return md_table(["step", "command", "what it measured", "results file"], rows) + f"\n\n_Machine: {notes}._"
 
 
 # --------------------------------------------------------------------------- command line

@@ -10,28 +10,28 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from wellfno.data import to_channels
+from wellfno.data import model_inputs
 
 
-def vrmse(pred: torch.Tensor, true: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+def vrmse(pred: torch.Tensor, true: torch.Tensor, n_spatial_dims: int = 2, eps: float = 1e-7) -> torch.Tensor:
     """The Well's VRMSE per field: sqrt(mean((pred-true)^2) / (var(true) + eps)) over space.
 
-    pred, true: (..., H, W, F) -> (..., F). 0 is perfect; 1 is as bad as predicting the mean.
+    pred, true: (..., *spatial, F) -> (..., F). 0 is perfect; 1 is as bad as predicting the mean.
     """
-    space = tuple(range(-3, -1))
+    space = tuple(range(-1 - n_spatial_dims, -1))
     mse = ((pred - true) ** 2).mean(dim=space)
     var = true.var(dim=space, unbiased=False)
     return torch.sqrt(mse / (var + eps))
 
 
 @torch.no_grad()
-def rollout(model, inputs: torch.Tensor, n_steps: int) -> torch.Tensor:
-    """inputs (B, T, H, W, F) -> predictions (B, n_steps, H, W, F)."""
+def rollout(model, inputs: torch.Tensor, n_steps: int, constant_fields: torch.Tensor | None = None) -> torch.Tensor:
+    """inputs (B, T, *spatial, F) [and constant fields (B, *spatial, K)] -> predictions (B, n_steps, *spatial, F)."""
     window = inputs
     preds = []
     for _ in range(n_steps):
-        nxt = model(to_channels(window))  # (B, F, H, W)
-        nxt = nxt.permute(0, 2, 3, 1).unsqueeze(1)  # (B, 1, H, W, F)
+        nxt = model(model_inputs(window, constant_fields))  # (B, F, *spatial)
+        nxt = nxt.movedim(1, -1).unsqueeze(1)  # (B, 1, *spatial, F)
         preds.append(nxt)
         window = torch.cat([window[:, 1:], nxt], dim=1)  # drop the oldest frame, append the prediction
     return torch.cat(preds, dim=1)
@@ -60,7 +60,9 @@ def evaluate_rollouts(model, dataset, device, max_steps: int | None = None, max_
     curves, best = [], None  # best: (change in one step, index, true, pred)
     for i in range(rank, n_trajectories, world_size):
         inputs, true, pred = _rollout_trajectory(model, dataset, i, device, max_steps)
-        curves.append((vrmse(pred, true).mean(-1)[0], vrmse(persistence(inputs, true.shape[1]), true).mean(-1)[0]))
+        n_spatial_dims = inputs.ndim - 3  # (1, T, *spatial, F)
+        curves.append((vrmse(pred, true, n_spatial_dims).mean(-1)[0],
+                       vrmse(persistence(inputs, true.shape[1]), true, n_spatial_dims).mean(-1)[0]))
         change = curves[-1][1][0].item()  # persistence's error after one step: how much the field moves
         if best is None or change > best[0]:
             best = (change, i, true, pred)
@@ -96,5 +98,7 @@ def _rollout_trajectory(model, dataset, i: int, device, max_steps: int | None):
     sample = dataset[i]
     inputs = sample["input_fields"].unsqueeze(0).to(device)
     true = sample["output_fields"].unsqueeze(0).to(device)
+    constants = sample.get("constant_fields")
+    constants = None if constants is None else constants.unsqueeze(0).to(device)
     true = true[:, :true.shape[1] if max_steps is None else min(max_steps, true.shape[1])]
-    return inputs, true, rollout(model, inputs, true.shape[1])
+    return inputs, true, rollout(model, inputs, true.shape[1], constants)

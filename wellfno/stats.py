@@ -87,7 +87,8 @@ class Plan:
 def find_split_files(dataset_dir: str | Path, split: str = "train") -> list[Path]:
     dataset_dir = Path(dataset_dir)
     if not dataset_dir.is_dir():
-        raise UserError(f"dataset folder {dataset_dir} does not exist; pass the folder that holds data/{split}/")
+        what = "is a file, not a folder" if dataset_dir.exists() else "does not exist"
+        raise UserError(f"dataset folder {dataset_dir} {what}; pass the folder that holds data/{split}/")
     split_dir = dataset_dir / "data" / split
     files = split_files(dataset_dir, split)
     if not files:
@@ -140,6 +141,8 @@ def _file_layout(path: Path) -> tuple[tuple[FieldSpec, ...], dict[str, tuple[tup
 
 def plan_dataset(dataset_dir: str | Path, split: str = "train", chunk_bytes: int = CHUNK_BYTES) -> Plan:
     """Check every file of the split and cut it into work items (independent of any rank count)."""
+    if chunk_bytes < 1:
+        raise UserError(f"the chunk size must be positive (got {chunk_bytes} bytes): use --chunk-mb 8, say")
     files = find_split_files(dataset_dir, split)
     fields, items = None, []
     for file_index, path in enumerate(files):
@@ -402,9 +405,22 @@ def format_stats_yaml(stats: dict) -> str:
     return yaml.dump(stats, Dumper=_StatsDumper, sort_keys=False, default_flow_style=False, width=1000)
 
 
+def stats_output(out: str | Path | None, dataset_dir: str | Path) -> Path:
+    """Where stats.yaml goes (default: in the dataset folder), checked before hours of reading."""
+    if out is None:  # the dataset folder: plan_dataset says what is wrong with it
+        return Path(dataset_dir) / "stats.yaml"
+    path = Path(out)
+    if path.is_dir():
+        raise UserError(f"--out {path} is a folder: give a file name, e.g. {path / 'stats.yaml'}")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UserError(f"--out {path}: {parent} is a file, not a folder")
+    return path
+
+
 def write_stats_yaml(stats: dict, path: str | Path) -> Path:
     """Write stats.yaml at full precision, atomically (nothing partial if interrupted)."""
-    return atomic_write_text(path, format_stats_yaml(stats))
+    return atomic_write_text(stats_output(path, "."), format_stats_yaml(stats))
 
 
 def flatten_stats(stats: dict) -> Iterator[tuple[str, str, float]]:
@@ -424,8 +440,35 @@ def max_relative_difference(a: dict, b: dict) -> float:
     return max((abs(fa[key] - fb[key]) / max(abs(fb[key]), 1e-300) for key in fa), default=0.0)
 
 
+# --------------------------------------------------------------------------- benchmark results
+def benchmark_markdown(data: dict) -> str:
+    """Exercise 04's benchmark table (solutions/04_distributed_stats/benchmark.py's results) as Markdown."""
+    lines = [f"Train split {data['dataset']['gigabytes']:.2f} GB ({data['dataset']['items']} items, "
+             f"{data['dataset']['files']} files); load average {data['load_average_at_start']:.1f} at the start, "
+             f"{data['load_average_at_end']:.1f} at the end.", "",
+             "| what | script s | wall s | GB/s | vs raw read | scaling eff. |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        eff = f"{r['scaling_efficiency']:.2f}" if "scaling_efficiency" in r else ""
+        lines.append(f"| {r['name']} | {r['seconds']:.2f} | {r['wall_seconds']:.2f} | {r['gb_per_s']:.2f} "
+                     f"| {r['vs_raw_read']:.2f} | {eff} |")
+    lines += ["", "Max relative difference vs serial: "
+              + ", ".join(f"{k} {v:.1e}" for k, v in data["max_rel_diff_vs_serial"].items())
+              + "; bitwise identical to serial: "
+              + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in data["bitwise_identical_to_serial"].items()) + "."]
+    return "\n".join(lines)
+
+
+def benchmark_table(root) -> str:
+    """Renderer for `<!-- table: wellfno.stats:benchmark_table -->` (python -m wellfno.results render)."""
+    from wellfno.results import caption, read_result
+
+    result = read_result(Path(root) / "results" / "04_stats_benchmark.json")
+    return benchmark_markdown(result["data"]) + "\n\n" + caption(result)
+
+
 __all__ = [
     "compute_dataset_stats", "write_stats_yaml", "format_stats_yaml", "plan_dataset", "rank_ranges",
-    "plan_fingerprint", "reduce_range", "stats_from_moments", "ItemReader", "max_relative_difference",
+    "plan_fingerprint", "reduce_range", "stats_from_moments", "stats_output", "ItemReader", "max_relative_difference",
     "loss_weights", "find_split_files", "CHUNK_BYTES",
 ]

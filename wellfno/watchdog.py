@@ -25,13 +25,24 @@ that every torch.distributed process group already has:
   interrupt it) is ended by its watchdog thread after `grace_s`. Either way the process exits
   with code 1, and exactly one rank (rank 0, or rank 1 when rank 0 failed) prints one line:
   "error: rank 1 failed: OSError: ...; stopped all 4 ranks".
-- Optionally, a rank whose main thread makes no progress (`step()`) for `stall_after_s` outside
-  `wait_for_all()` is posted as stalled (hangs in I/O, or in a collective waiting for a rank
-  that hangs).
+- Optionally, a rank whose main thread made progress (`step()`) and then makes none for
+  `stall_after_s`, outside `wait_for_all()`, is posted as stalled (it hangs in I/O, or in a
+  collective waiting for a rank that hangs). The clock starts at the first `step()`, so a long
+  start (opening thousands of files, compiling) is never taken for a hang.
+
+- A collective that fails because its peer vanished (gloo: "Connection reset by peer", at once)
+  is not blamed on this rank: leaving the `with` block with such an error waits up to
+  `dead_after_s` for the heartbeats to name the rank that died.
 
 Costs: about 4 small store requests per rank per `heartbeat_s`; nothing on the collectives.
 A training loop's `step()` only reads a flag. With one process (world size 1) everything here
-does nothing.
+does nothing. When the store's host dies, torch's C++ client logs a warning on each rank before
+the line; TORCH_CPP_LOG_LEVEL=ERROR in the environment silences it.
+
+Sources: srun's --kill-on-bad-exit, https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit;
+torchrun's agent tears down its workers when one fails,
+https://docs.pytorch.org/docs/stable/elastic/agent.html; the store API (add, check,
+compare_set), https://docs.pytorch.org/docs/stable/distributed.html#distributed-key-value-store
 """
 from __future__ import annotations
 
@@ -91,7 +102,8 @@ class Watchdog:
     store:         a torch.distributed Store shared by all ranks; default: the default process group's.
     heartbeat_s:   how often the background thread beats and looks for failures.
     dead_after_s:  a rank whose heartbeat has not moved for this long is declared dead.
-    stall_after_s: None, or: a rank that calls no `step()` for this long (outside `wait_for_all`) is stalled.
+    stall_after_s: None, or: a rank that called `step()` once, then none for this long (outside
+                   `wait_for_all`), is stalled.
     grace_s:       after a failure is known, how long the main thread has to notice it itself
                    (`step`, `check`, `wait_for_all`) before the thread ends the process.
     name:          key prefix, so that two watchdogs in one process group do not meet.
@@ -113,7 +125,7 @@ class Watchdog:
         self._failure: PeerFailed | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._progress_time = time.monotonic()
+        self._progress_time: float | None = None  # monotonic time of the last step(); None before the first
         self._waiting = False
         self._barriers = 0
         self._reported = False
@@ -132,7 +144,6 @@ class Watchdog:
         if self.active and self._thread is None:
             if self._store is None:
                 self._store = default_store()
-            self._progress_time = time.monotonic()
             self._thread = threading.Thread(target=self._watch, name=f"watchdog-rank{self.rank}", daemon=True)
             self._thread.start()
         return self
@@ -175,7 +186,8 @@ class Watchdog:
             raise self._failure from None
         finally:
             self._waiting = False
-            self._progress_time = time.monotonic()
+            if self._progress_time is not None:
+                self._progress_time = time.monotonic()
 
     def fail(self, reason: str) -> PeerFailed:
         """Post this rank's own failure ("rank R failed: reason"); the first failure posted wins."""
@@ -320,7 +332,7 @@ class Watchdog:
                     self._post(peer, f"stopped responding (no heartbeat for {now - peer_since:.0f} s): "
                                      f"it died or was killed, or its node did")
                     break
-                if (self.stall_after_s is not None and not self._waiting
+                if (self.stall_after_s is not None and self._progress_time is not None and not self._waiting
                         and now - self._progress_time > self.stall_after_s):
                     self._post(self.rank, f"made no progress for {now - self._progress_time:.0f} s: it hangs "
                                           f"(I/O, or a collective waiting for a rank that hangs)")

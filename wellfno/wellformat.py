@@ -41,6 +41,9 @@ def _field_group(f: h5py.File, order: int, fields: Mapping[str, np.ndarray], tim
         dset.attrs["dim_varying"] = [True] * n_dims
         dset.attrs["sample_varying"] = True
         dset.attrs["time_varying"] = bool(time_varying.get(name, True))
+        if order == 2:  # The Well's spec tags tensors; a general tensor is neither
+            dset.attrs["symmetric"] = False
+            dset.attrs["antisymmetric"] = False
 
 
 def write_well_file(
@@ -55,22 +58,30 @@ def write_well_file(
     time_varying: Mapping[str, bool] = {},
     constant_scalars: Mapping[str, float] = {},
     periodic: bool = True,
+    boundaries: Mapping[str, tuple[str, str]] | None = None,
+    grid_type: str = "cartesian",
+    attrs: Mapping[str, object] = {},
 ) -> Path:
     """Write one Well file, atomically (temporary name, then rename).
 
     Field arrays are (n_trajectories, n_time, *spatial[, d[, d]]) when
     time-varying, (n_trajectories, *spatial[, d[, d]]) otherwise.
+    `boundaries` gives, per spatial dimension, the boundary type at its low and
+    high end (e.g. {"y": ("WALL", "OPEN")}); without it every end is periodic
+    (or open). `attrs` are extra root attributes (provenance notes).
     """
     path = Path(path)
     all_fields = {**t0_fields, **t1_fields, **t2_fields}
     n_traj = next(iter(all_fields.values())).shape[0]
     with atomic_output(path) as tmp, h5py.File(tmp, "w") as f:
         f.attrs["dataset_name"] = dataset_name
-        f.attrs["grid_type"] = "cartesian"
+        f.attrs["grid_type"] = grid_type
         f.attrs["n_spatial_dims"] = len(coords)
         f.attrs["n_trajectories"] = n_traj
         f.attrs["simulation_parameters"] = list(constant_scalars)
         for name, value in constant_scalars.items():
+            f.attrs[name] = value
+        for name, value in attrs.items():
             f.attrs[name] = value
 
         dims = f.create_group("dimensions")
@@ -81,17 +92,19 @@ def write_well_file(
             dset.attrs["time_varying"] = name == "time"
 
         bcs = f.create_group("boundary_conditions")
+        kind = "periodic" if periodic else "open"
         for name, values in coords.items():
-            kind = "periodic" if periodic else "open"
-            bc = bcs.create_group(f"{name}_{kind}")
-            bc.attrs["associated_dims"] = [name]
-            bc.attrs["associated_fields"] = []
-            bc.attrs["bc_type"] = kind
-            bc.attrs["sample_varying"] = False
-            bc.attrs["time_varying"] = False
-            mask = np.zeros(len(values), dtype=bool)
-            mask[0] = mask[-1] = True  # the boundary is the first and the last cell
-            bc.create_dataset("mask", data=mask)
+            low, high = boundaries[name] if boundaries else (kind, kind)
+            for bc_type in dict.fromkeys((low, high)):  # one group per type on this axis
+                bc = bcs.create_group(f"{name}_{bc_type.lower()}")
+                bc.attrs["associated_dims"] = [name]
+                bc.attrs["associated_fields"] = []
+                bc.attrs["bc_type"] = bc_type
+                bc.attrs["sample_varying"] = False
+                bc.attrs["time_varying"] = False
+                mask = np.zeros(len(values), dtype=bool)
+                mask[0], mask[-1] = low == bc_type, high == bc_type  # the boundary cells of this type
+                bc.create_dataset("mask", data=mask)
 
         scalars = f.create_group("scalars")
         scalars.attrs["field_names"] = list(constant_scalars)

@@ -80,6 +80,7 @@ for i in $(seq 0 $(( NGPU - 1 ))); do
   core=0; [ "$i" -ge "$half" ] && [ "${NCORES:-1}" -gt 1 ] && core=1
   gres_lines+="Name=gpu Type=standin File=$dev Cores=$core${GPU_FLAGS:+ Flags=$GPU_FLAGS}"$'\n'
 done
+NGPU_GRES=""; [ "$NGPU" -gt 0 ] && NGPU_GRES=" Gres=gpu:standin:$NGPU"
 gtmp="$(mktemp "$CONF_DIR/.gres.conf.XXXXXX")"
 {
   echo "$MARKER"
@@ -122,7 +123,7 @@ SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
 GresTypes=gpu
-$NODE_LINE Gres=gpu:standin:$NGPU State=UNKNOWN
+$NODE_LINE${NGPU_GRES} State=UNKNOWN
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 chmod 0644 "$tmp"

@@ -20,7 +20,7 @@ from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
 from profiling import summarize, timeline, traces
 
-from wellfno import data, plots
+from wellfno import data, memory, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
 from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.fastwell import FastWellDataset
@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
+    p.add_argument("--width", type=int, default=32, help="FNO channels: memory and compute grow with it")
+    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
@@ -66,7 +68,7 @@ def parse_args(argv=None):
         args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
         if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
             raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active (>= 1)")
-    for name in ("epochs", "batch_size", "n_steps_input"):
+    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
@@ -167,7 +169,10 @@ def main(argv=None):
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    model = NextFrameFNO(len(fields), args.n_steps_input, stats).to(device)
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
+    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width, modes=args.modes)
+    print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
     checkpoint = out / "checkpoint.pt"
@@ -215,7 +220,7 @@ def main(argv=None):
         prof.stop()
         if not trace.exists():
             raise UserError(f"the run ended after {step} steps, before the profiled window: raise --epochs")
-        sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
         print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
         loaded = summarize.print_summary(trace)
         print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")
@@ -223,7 +228,8 @@ def main(argv=None):
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
 
-    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input)
+    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
+                                        max_rollout_steps=memory.rollout_steps(model, device))
     model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
     for k in range(min(5, len(model_vrmse))):
         print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence {persistence_vrmse[k]:.4f}")

@@ -3,6 +3,8 @@
     python solutions/04_distributed_stats/benchmark.py                       # synthetic 2 GB dataset
     python solutions/04_distributed_stats/benchmark.py --dataset-dir data/datasets/gray_scott_embedded \
         --ranks 1,2,4,8,16 --dask-workers 16                                  # a real node
+    python solutions/04_distributed_stats/benchmark.py ... --json results/04_stats_benchmark.json
+        # the results file exercise 04's README table is generated from (python -m wellfno.results render)
 
 Rows:
 - raw read: h5py reads every byte of the train split in the work items' chunks, no arithmetic
@@ -21,8 +23,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -35,9 +37,9 @@ import h5py
 import numpy as np
 import yaml
 
-from wellfno.cli import UserError, atomic_write_json, run_main
-from wellfno.machine import cpu_model
-from wellfno.stats import max_relative_difference, plan_dataset, rank_ranges
+from wellfno.cli import UserError, run_main
+from wellfno.results import caption, read_result, write_result
+from wellfno.stats import benchmark_markdown, max_relative_difference, plan_dataset, rank_ranges
 from wellfno.wellformat import write_well_file
 
 HERE = Path(__file__).resolve().parent
@@ -118,9 +120,24 @@ def main() -> int:
     parser.add_argument("--ranks", default="1,2", help="comma-separated world sizes for torchrun (default 1,2)")
     parser.add_argument("--dask-workers", type=int, help="dask threads (default: the largest of --ranks)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per row; the fastest counts (default 3)")
-    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "04_stats_benchmark.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "04_stats_benchmark.json",
+                        help="results file to write (default: %(default)s)")
+    parser.add_argument("--table", type=Path, metavar="JSON",
+                        help="only print the table of an earlier results file, measure nothing")
     args = parser.parse_args()
-    ranks = [int(r) for r in args.ranks.split(",")]
+    if args.table is not None:
+        result = read_result(args.table)
+        print(benchmark_markdown(result["data"]) + "\n\n" + caption(result))
+        return 0
+    if args.repeat < 1 or args.synthetic_gb <= 0:
+        raise UserError("--repeat must be at least 1 and --synthetic-gb positive")
+    load_at_start = os.getloadavg()[0]
+    try:
+        ranks = [int(r) for r in args.ranks.split(",")]
+    except ValueError:
+        raise UserError(f"--ranks {args.ranks!r}: give world sizes separated by commas, e.g. 1,2,4") from None
+    if min(ranks) < 1:
+        raise UserError(f"--ranks {args.ranks!r}: world sizes must be at least 1")
     dask_workers = args.dask_workers or max(ranks)
 
     tmp = None
@@ -174,30 +191,18 @@ def main() -> int:
 
     raw1 = rows[0]["seconds"]
     dist1 = next((r["seconds"] for r in rows if r["name"].startswith("distributed") and r["ranks"] == 1), None)
-    print()
-    load = os.getloadavg()[0]
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {load:.1f} at the end "
-          f"(other work on the cores skews scaling); train split {gb:.2f} GB "
-          f"({len(plan.items)} items, {len(plan.files)} files)")
-    print(f"| {'what':34s} | script s | wall s | GB/s | vs raw read | scaling eff. |")
-    print(f"|{'-' * 36}|---------:|-------:|-----:|------------:|-------------:|")
     for r in rows:
         r["vs_raw_read"] = raw1 / r["seconds"]
-        eff = ""
         if r["name"].startswith("distributed") and dist1:
             r["scaling_efficiency"] = dist1 / r["seconds"] / r["ranks"]
-            eff = f"{r['scaling_efficiency']:.2f}"
-        print(f"| {r['name']:34s} | {r['seconds']:8.2f} | {r['wall_seconds']:6.2f} | {r['gb_per_s']:4.2f} "
-              f"| {r['vs_raw_read']:11.2f} | {eff:>12s} |")
-    print("max relative difference vs serial: " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items()))
-    print("bitwise identical to serial: " + ", ".join(f"{k} {v}" for k, v in identical.items()))
-    atomic_write_json(args.json, {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
-                                              "python": platform.python_version(),
-                                              "load_average_at_end": load},
-                                  "dataset": {"path": str(args.dataset_dir or "synthetic"), "gigabytes": gb,
-                                              "items": len(plan.items), "files": len(plan.files)},
-                                  "rows": rows, "max_rel_diff_vs_serial": agreement,
-                                  "bitwise_identical_to_serial": identical})
+    command = "python solutions/04_distributed_stats/benchmark.py " + shlex.join(sys.argv[1:])
+    data = {"load_average_at_start": round(load_at_start, 2), "load_average_at_end": round(os.getloadavg()[0], 2),
+            "dataset": {"path": str(args.dataset_dir or "synthetic"), "gigabytes": gb,
+                        "items": len(plan.items), "files": len(plan.files)},
+            "rows": rows, "max_rel_diff_vs_serial": agreement, "bitwise_identical_to_serial": identical}
+    print()
+    print(benchmark_markdown(data))
+    write_result(args.json, command.strip(), data)
     print(f"wrote {args.json}")
     return 0
 

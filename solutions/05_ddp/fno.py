@@ -27,7 +27,7 @@ from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
 from profiling import summarize, timeline, traces
 
-from wellfno import data, plots
+from wellfno import data, memory, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
 from wellfno.device import DEVICE_CHOICES, pick_backend, pick_device
 from wellfno.fastwell import FastWellDataset
@@ -48,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="samples per step on each rank")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
+    p.add_argument("--width", type=int, default=32, help="FNO channels: memory and compute grow with it")
+    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
@@ -80,7 +82,7 @@ def parse_args(argv=None):
         args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
         if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
             raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active (>= 1)")
-    for name in ("epochs", "batch_size", "n_steps_input"):
+    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
@@ -261,7 +263,10 @@ def train(args, env, backend, device):
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    model = NextFrameFNO(len(fields), args.n_steps_input, stats).to(device)
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
+    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width, modes=args.modes)
+    print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
     if (args.resume or args.eval_only) and checkpoint.exists():  # every rank loads it: same model, same Adam state
@@ -334,7 +339,8 @@ def train(args, env, backend, device):
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
 
     valid_loss = validate(model, valid_loader, device) if args.eval_only else history[-1]["valid_loss"]
-    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input)
+    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
+                                        max_rollout_steps=memory.rollout_steps(model, device))
     model_vrmse, persistence_vrmse, example = evaluate_rollouts(model, rollout_data, device, rank=env.rank,
                                                                 world_size=env.world_size)
     if env.rank > 0:

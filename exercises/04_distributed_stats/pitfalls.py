@@ -1,6 +1,6 @@
 """The three mistakes of the original statistics script, each shown with wrong vs right numbers.
 
-    python solutions/04_distributed_stats/pitfalls.py
+    python exercises/04_distributed_stats/pitfalls.py
 
 1. float32 E[x^2] - E[x]^2 on a field with a large mean and a small spread.
 2. DistributedSampler padding + keeping the first N gathered rows: duplicates kept, samples dropped.

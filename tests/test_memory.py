@@ -1,0 +1,112 @@
+"""wellfno.memory: the estimate of a step's memory against the peak a CPU step really takes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from wellfno.cli import UserError
+from wellfno.memory import check_step_fits, rollout_steps, step_bytes
+from wellfno.model import NextFrameFNO
+
+# One training step in a fresh process; its peak is the rise of the peak resident set size over
+# the resident size just before the step: every page the step touched at once. Linux resets the
+# peak (VmHWM) on writing 5 to /proc/self/clear_refs, so what imports touched earlier is not counted.
+MEASURE = r"""
+import json, sys
+import torch
+from wellfno.model import NextFrameFNO
+from wellfno.memory import step_bytes
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+batch, channels, constant, width, layers, modes = map(int, sys.argv[1:7])
+res = tuple(map(int, sys.argv[7].split("x")))
+torch.set_num_threads(1)
+stats = {k: torch.ones(channels) for k in ("mean", "std", "mean_delta", "std_delta")}
+model = NextFrameFNO(channels, 1, stats, n_spatial_dims=len(res), constant_channels=constant, resolution=res,
+                     modes=modes, width=width, layers=layers)
+optimizer = torch.optim.Adam(model.parameters())
+x, y = torch.randn(batch, channels + constant, *res), torch.randn(batch, channels, *res)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # peak RSS := current RSS
+before = status("VmRSS")
+stale = status("VmHWM") - before
+loss = model.loss(model(x), y)
+optimizer.zero_grad()
+loss.backward()
+optimizer.step()
+peak = status("VmHWM")
+n_parameters = sum(p.numel() for p in model.parameters())
+print(json.dumps(dict(measured=peak - before, stale=stale,
+                      estimate=step_bytes(n_parameters, batch, res, channels + constant, channels, width, layers))))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [
+    "8 3 0 32 4 12 64x64",  # 2-D, the course's default model
+    "4 4 2 32 4 12 96x48",  # 2-D, rectangular, with constant fields
+    "2 7 0 32 4 12 32x32x32",  # 3-D (MHD's channels)
+    "4 7 0 16 2 8 24x32x16",  # 3-D, narrower and shallower
+])
+def test_estimate_within_a_factor_of_measured_peak(config):
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("measures the peak resident size with Linux's /proc/self/clear_refs")
+    result = subprocess.run([sys.executable, "-c", MEASURE, *config.split()], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    assert got["stale"] < 0.05 * got["measured"], "the process peaked before the step: the measurement is void"
+    assert got["measured"] > 50e6  # large enough that allocator noise does not decide the ratio
+    # Within 1.5x either way: the allocator rounds and caches blocks and FFT workspaces come and go;
+    # a factor of 1.5 still tells a laptop's 16 GB from a step that needs 40.
+    assert 1 / 1.5 < got["estimate"] / got["measured"] < 1.5, got
+
+
+def model_for(resolution, channels=7, **options):
+    stats = {k: torch.ones(channels) for k in ("mean", "std", "mean_delta", "std_delta")}
+    return NextFrameFNO(channels, 1, stats, n_spatial_dims=len(resolution), resolution=resolution, **options)
+
+
+def test_estimate_counts_by_hand():
+    """4 copies of the parameters + per sample cells * (6 W L + 20 W + 2 C_in + 4 C_out), float32."""
+    assert step_bytes(1000, 2, (4, 5), 3, 2, 8, 1) == 4 * (4 * 1000 + 2 * 20 * (6 * 8 + 20 * 8 + 6 + 8))
+
+
+def test_mhd_256_on_a_laptop_is_one_sentence():
+    model = model_for((256, 256, 256))
+    with pytest.raises(UserError) as err:
+        check_step_fits(model, 16, torch.device("cpu"), available=16 * 10**9)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "even --batch-size 1 does not fit" in message and "256x256x256" in message
+
+
+def test_the_largest_batch_that_fits_is_suggested():
+    model = model_for((64, 64, 64))
+    n_parameters = sum(p.numel() for p in model.parameters())
+    one = step_bytes(n_parameters, 1, (64, 64, 64), model.in_channels, 7, model.width, model.layers)
+    per_sample = step_bytes(n_parameters, 2, (64, 64, 64), model.in_channels, 7, model.width, model.layers) - one
+    available = one + 4 * per_sample + per_sample // 2  # 5 samples fit, 6 do not
+    with pytest.raises(UserError, match="lower --batch-size to 5 "):
+        check_step_fits(model, 16, torch.device("cpu"), available=available)
+    line = check_step_fits(model, 5, torch.device("cpu"), available=available)
+    assert line.startswith("a training step needs about")
+
+
+def test_rollout_steps_fit_the_memory():
+    mhd_256 = model_for((256,) * 3)  # 7 channels: 470 MB per frame
+    frame = 4 * 256**3 * 7
+    # a laptop, 16 GB of RAM: three copies of T frames in half of it
+    assert rollout_steps(mhd_256, torch.device("cpu"), available=(16 * 10**9, 0)) == 16 * 10**9 // 2 // (3 * frame)
+    # a GPU with 141 GB, a host with 500 GB: two copies on the GPU in half of it: 70.5 GB / 0.94 GB
+    assert rollout_steps(mhd_256, torch.device("cuda"), available=(500 * 10**9, 141 * 10**9)) == 75
+    # small data: the_well's default of 100 steps
+    assert rollout_steps(model_for((64, 64), channels=4), torch.device("cpu"), available=(16 * 10**9, 0)) == 100
+    # never less than one step
+    assert rollout_steps(mhd_256, torch.device("cpu"), available=(10**6, 0)) == 1

@@ -1,0 +1,99 @@
+"""Will a training step fit? An estimate from parameter and activation counts, before the first step.
+
+A step of NextFrameFNO with Adam holds
+  * 4 copies of the parameters: weights, gradients and Adam's two moments;
+  * the activations autograd saves for the backward pass. neuralop's FNO saves, per
+    Fourier layer, about 6 tensors of `width` channels on the full grid (the linear
+    skip, the spectral convolution's inverse FFT, their sum, the activation's input,
+    the channel MLP and its soft-gating skip); the lifting and projection MLPs run
+    at twice the width (neuralop's lifting/projection_channel_ratio = 2), and with
+    their gradients at the peak of the backward pass they hold about 20 tensors of
+    `width` channels;
+  * the batch itself, the prediction and the loss temporaries.
+All float32: bytes = 4 * (4 P + B * cells * (6 * width * layers + 20 * width + 2 C_in + 4 C_out)).
+tests/test_memory.py checks it against the peak memory a CPU step really takes
+(within a factor of 1.5 either way: the allocator rounds and caches blocks, and
+FFT workspaces come and go), on 2-D and 3-D grids of several sizes.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from wellfno.cli import UserError
+
+SAVED_PER_LAYER = 6  # width-channel tensors autograd keeps per Fourier layer
+SAVED_LIFT_PROJECT = 20  # width-channel tensors of lifting + projection (2x width) and their gradients
+
+
+def step_bytes(n_parameters: int, batch_size: int, resolution, in_channels: int, out_channels: int,
+               width: int, layers: int) -> int:
+    """Estimated peak bytes of one training step (forward, backward, Adam update)."""
+    cells = math.prod(resolution)
+    per_sample = cells * (SAVED_PER_LAYER * width * layers + SAVED_LIFT_PROJECT * width
+                          + 2 * in_channels + 4 * out_channels)
+    return 4 * (4 * n_parameters + batch_size * per_sample)
+
+
+def available_bytes(device: torch.device) -> tuple[int, str]:
+    """Memory a step can use on `device`, and what it is (free GPU memory, or available RAM)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)  # ROCm builds answer this too
+        return int(free), f"free memory on {torch.cuda.get_device_name(device)}"
+    from wellfno.standin import available_ram
+
+    return available_ram(), "available RAM"
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+def check_step_fits(model, batch_size: int, device: torch.device, available: int | None = None) -> str:
+    """One line with the estimate; UserError (what to change) when it exceeds what the device has.
+
+    `model` is a NextFrameFNO built for the dataset (`NextFrameFNO.for_dataset`: it knows the grid).
+    """
+    resolution = model.resolution
+    n_parameters = sum(p.numel() for p in model.parameters())
+    need = step_bytes(n_parameters, batch_size, resolution, model.in_channels, model.channels_per_frame,
+                      model.width, model.layers)
+    what = "memory"
+    if available is None:
+        available, what = available_bytes(device)
+    grid = "x".join(map(str, resolution))
+    line = (f"a training step needs about {_gb(need)} (batch {batch_size}, width {model.width}, "
+            f"{model.layers} layers, {grid} cells); {what}: {_gb(available)}")
+    if need <= available or os.environ.get("WELLFNO_SKIP_MEMORY_CHECK"):
+        return line
+    fits = max((b for b in range(1, batch_size)
+                if step_bytes(n_parameters, b, resolution, model.in_channels, model.channels_per_frame,
+                              model.width, model.layers) <= available), default=0)
+    if fits:
+        advice = f"lower --batch-size to {fits}"
+    else:
+        advice = ("even --batch-size 1 does not fit: use a device with more memory (a GPU node), "
+                  "a lower-resolution dataset, or a smaller --width")
+    raise UserError(f"{line}: too much; {advice} (WELLFNO_SKIP_MEMORY_CHECK=1 runs anyway)")
+
+
+def rollout_steps(model, device: torch.device, wanted: int = 100, available: tuple[int, int] | None = None) -> int:
+    """How many rollout steps (at most `wanted`, the_well's default) a validation trajectory may have.
+
+    WellDataset reads a whole trajectory into host memory, and the rollout keeps the true and
+    the predicted frames on the device: 3 copies of T frames of `channels` float32 channels
+    (MHD_256: 100 frames are 47 GB each). Each may use half of what is free (host, device).
+    """
+    frame = 4 * math.prod(model.resolution) * model.channels_per_frame
+    if available is None:
+        host, _ = available_bytes(torch.device("cpu"))
+        gpu = available_bytes(device)[0] if device.type == "cuda" else host
+        available = (host, gpu)
+    host, gpu = available
+    if device.type == "cuda":  # the trajectory on the host, true and predicted frames on the GPU
+        fit = min(host // 2 // frame, gpu // 2 // (2 * frame))
+    else:  # all three in RAM
+        fit = host // 2 // (3 * frame)
+    return int(max(1, min(wanted, fit)))
