@@ -3,13 +3,15 @@
 Python imports `sitecustomize` from PYTHONPATH when it starts; the tests put this folder first on
 the PYTHONPATH of the ranks they start (torchrun and its workers too), and only when asked:
 - WELLFNO_PROBE_LOG=DIR: each process appends to DIR/<rank>.<pid>.log one line per dataset item
-  it reads ("train 17", "valid 3", "rollout 1") and per file it writes ("write /path") - which
-  samples each rank used, and which rank wrote what;
+  a DataLoader reads ("train 17", "valid 3"; a script looking at one sample itself, e.g. for its
+  shape, is not training on it), per rollout trajectory ("rollout 1") and per file it writes
+  ("write /path") - which samples each rank used, and which rank wrote what;
 - WELLFNO_PROBE_FAIL=RANK:N:raise|die: that rank raises (or is killed by SIGKILL) at its N-th
   training sample - a failing rank, on demand.
 It changes nothing else. Not a way to import project code (the project is installed).
 """
 import os
+import sys
 
 _LOG = os.environ.get("WELLFNO_PROBE_LOG")
 _FAIL = os.environ.get("WELLFNO_PROBE_FAIL")
@@ -35,6 +37,8 @@ def _install():
 
     def getitem(self, index):
         split = "rollout" if self.full_trajectory_mode else os.path.basename(str(self.data_path).rstrip("/"))
+        if split != "rollout" and "torch/utils/data" not in sys._getframe(1).f_code.co_filename.replace("\\", "/"):
+            return read_item(self, index)  # not a DataLoader's fetch: a look at one sample
         note(f"{split} {int(index)}")
         if split == "train":
             counts["train"] += 1
