@@ -270,6 +270,7 @@ def test_incomplete_launcher_environment_is_one_line(script, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_nccl_without_gpu_is_one_line(script, tiny_data_dir, tmp_path):
     results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o", "--backend", "nccl")
@@ -278,6 +279,7 @@ def test_nccl_without_gpu_is_one_line(script, tiny_data_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_eval_only_without_checkpoint_is_one_line(script, tiny_data_dir, tmp_path):
     rc, _, err = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o", "--eval-only", *SMALL)[0]
     assert rc != 0 and "Traceback" not in err and len(error_lines(err)) == 1 and "checkpoint" in err

@@ -548,6 +548,10 @@ def readme_results_table(root: Path) -> str:
     else:
         rows.append(["04", "`python solutions/04_distributed_stats/benchmark.py --json results/04_stats_benchmark.json`",
                      f"timings to be measured (no results file yet); {tested}", "—"])
+    scaling = use("05_ddp_scaling.json")
+    if scaling:  # exercise 05: its sentence lives beside the table it summarises
+        row = importlib.import_module("solutions.05_ddp.scaling").readme_results_row(scaling)
+        rows.append(row + [_link("05_ddp_scaling.json")])
     efficiency = use("efficiency_cpu/efficiency.json")
     if efficiency:  # exercise 06: its sentence lives beside the table it summarises
         from wellfno.flops import readme_results_row

@@ -265,7 +265,7 @@ def train(args, env, backend, device):
 
     # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width, modes=args.modes)
-    print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    log(memory.check_step_fits(model, args.batch_size, device))  # stops here (every rank) if a step cannot fit
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
@@ -330,7 +330,7 @@ def train(args, env, backend, device):
         if not trace.exists():
             raise UserError(f"the run ended after {step} steps, before the profiled window: raise --epochs")
         if env.rank == 0:
-            sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
             print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
             loaded = summarize.print_summary(trace)
             print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")

@@ -227,5 +227,19 @@ def scaling_table(root: Path) -> str:
                      "in collectives", "exposed"], rows) + "\n\n" + caption(result)
 
 
+
+def readme_results_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 05 (step, command, what it measured) from its results file."""
+    parts = []
+    for mode, rows in result["data"]["modes"].items():
+        first, last = rows[0], rows[-1]
+        parts.append(f"{mode} scaling {first['ranks']} to {last['ranks']} ranks: efficiency "
+                     f"**{last['efficiency']:.2f}**, {100 * last['comm_share']:.0f} % of a step in collectives "
+                     f"({100 * last['exposed_comm_share']:.0f} % not hidden by the backward)")
+    return ["05", f"`{result['command']}` ([exercise 05](exercises/05_ddp/README.md#scaling))",
+            "; ".join(parts) + "; the tests check 2 ranks × b = 1 rank × 2b after a step (≤ 1e-5) and "
+            "`--eval-only` equal on 1, 2, 3 ranks (≤ 1e-6); GPU nodes: the README's commands, to be measured"]
+
+
 if __name__ == "__main__":
     run_main(main)
