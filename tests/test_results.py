@@ -227,3 +227,13 @@ def test_a_failed_step_is_shown_not_hidden(tmp_path):
     assert "`python fno.py` failed in the last measurement" in results.demo_run_summary(tmp_path)
     assert "failed in the last measurement (`boom`)" in results.profile_transcript(tmp_path)
     assert "| 00 |" not in results.readme_results_table(tmp_path)   # no numbers to quote
+
+
+def test_render_renders_what_it_can_and_names_what_it_cannot(tmp_path):
+    _fake_repo(tmp_path, 5.0)
+    (tmp_path / "INSTRUCTORS.md").write_text("<!-- table: wellfno.results:threads_table -->\nkept\n<!-- /table -->\n")
+    with pytest.raises(UserError, match=r"1 table\(s\) could not be rendered .*INSTRUCTORS.md: "
+                                        r"wellfno.results:threads_table: .*threads.json is missing"):
+        results.render(tmp_path)
+    assert "| 00 | `python fno.py` | 5.0 s |" in (tmp_path / "README.md").read_text()   # rendered anyway
+    assert "\nkept\n" in (tmp_path / "INSTRUCTORS.md").read_text()                   # left as it was

@@ -79,27 +79,43 @@ def doc_files(root: Path) -> list[Path]:
     return found
 
 
-def render_text(text: str, root: Path) -> str:
+def render_text(text: str, root: Path, errors: list[str] | None = None) -> str:
+    """Every table of one document rendered again; a table whose renderer fails keeps its old body
+    and its error goes to `errors` (without a list, the first error is raised)."""
     def replace(match: re.Match) -> str:
         module, func = match.group("spec").split(":")
         try:
             renderer = getattr(importlib.import_module(module), func)
         except (ImportError, AttributeError):
-            raise UserError(f"table renderer {match.group('spec')} does not exist") from None
-        return match.group(1) + renderer(root).rstrip("\n") + "\n" + match.group(4)
+            failure = UserError(f"table renderer {match.group('spec')} does not exist")
+        else:
+            try:
+                return match.group(1) + renderer(root).rstrip("\n") + "\n" + match.group(4)
+            except UserError as err:
+                failure = UserError(f"{match.group('spec')}: {err}")
+        if errors is None:
+            raise failure
+        errors.append(str(failure))
+        return match.group(0)
     return TABLE.sub(replace, text)
 
 
 def render(root: Path, check: bool = False) -> list[Path]:
-    """Regenerate every table; with check, change nothing and return the files that are stale."""
-    stale = []
+    """Regenerate every table; with check, change nothing and return the files that are stale.
+    Every table that can be rendered is; then one error lists the tables that could not be."""
+    stale, errors = [], []
     for path in doc_files(root):
         text = path.read_text()
-        new = render_text(text, root)
+        mine: list[str] = []
+        new = render_text(text, root, mine)
+        errors += [f"{path.relative_to(root)}: {e}" for e in mine]
         if new != text:
             stale.append(path)
             if not check:
                 atomic_write_text(path, new)
+    if errors:
+        raise UserError(f"{len(errors)} table(s) could not be rendered" + (" (the others were)" if not check else "")
+                        + ": " + "; ".join(errors))
     return stale
 
 
@@ -299,7 +315,7 @@ def profile_transcript(root: Path) -> str:
     row = _rows_by_step(result)["01"][0]
     if "profile" not in row:
         return _failed_step(row, result)
-    out, lines, i = [], row["stdout"].splitlines(), 0
+    out, lines, i = [], [line.rstrip() for line in row["stdout"].splitlines()], 0   # torch pads its table
     while i < len(lines):
         line = lines[i]
         if line.startswith("-----") and i + 2 < len(lines) and "Name" in lines[i + 1]:

@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="samples per step on each rank")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
+    p.add_argument("--width", type=int, default=32, help="FNO channels: memory and compute grow with it")
+    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/baseline", help="output folder")
@@ -88,9 +90,7 @@ def parse_args(argv=None):
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                    help="mixed precision: autocast the convolutions; the FFTs and spectral weights stay float32")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (compile time reported apart)")
-    p.add_argument("--width", type=int, default=32, help="FNO hidden channels")
-    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per dimension")
-    p.add_argument("--layers", type=int, default=4, help="FNO blocks")
+    p.add_argument("--layers", type=int, default=4, help="FNO blocks (with --width and --modes: the model's size)")
     p.add_argument("--nvtx", action="store_true",
                    help="emit the record_function ranges as NVTX (NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     args = p.parse_args(argv)
@@ -106,7 +106,7 @@ def parse_args(argv=None):
     if args.nvtx and args.profile:
         raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3, --profile to torch.profiler: "
                         "use one at a time")
-    for name in ("epochs", "batch_size", "n_steps_input", "log_every", "width", "modes", "layers"):
+    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every", "layers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
@@ -374,9 +374,9 @@ def train(args, env, backend, device):
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
     # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
-    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, modes=args.modes, width=args.width,
+    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width, modes=args.modes,
                                      layers=args.layers)
-    log(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -404,12 +404,14 @@ def train(args, env, backend, device):
                                         ) if env.is_distributed else model
     train_model = torch.compile(ddp_model) if args.compile else ddp_model  # compiles at its first call
     global_batch = args.batch_size * env.world_size
-    log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, {device.type}): "
-        f"{len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters, {counted['per_sample'] / 1e6:.1f} MFLOP per "
-        f"sample (forward + backward), amp {args.amp}{', compiled' if args.compile else ''}")
-    log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; learning rate "
-        f"{args.lr} as given (not scaled with the number of ranks)")
+    log(f"{'Evaluating' if args.eval_only else 'Training'} on {env.world_size} rank(s) ({env.launcher}, "
+        f"{backend or 'no'} backend, {device.type}): {len(splits['train'])} samples of {dataset_dir.name}, "
+        f"fields {fields}, {sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"{counted['per_sample'] / 1e6:.1f} MFLOP per sample (forward + backward), amp {args.amp}"
+        f"{', compiled' if args.compile else ''}")
+    if not args.eval_only:
+        log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
+            f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
     prof = trace = None
     if args.profile:
