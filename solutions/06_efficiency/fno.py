@@ -346,7 +346,7 @@ def train(args, env, backend, device):
                             f"the {env.world_size} ranks: start at most {len(splits[split])} ranks")
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
-    grid = tuple(splits["train"][0]["input_fields"].shape[1:-1])  # the spatial sizes of a frame
+    grid = tuple(splits["train"].metadata.spatial_resolution)  # the spatial sizes of a frame (no sample read)
     if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has up to N/2
         raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid holds: the highest "
                         f"frequency kept, modes/2, must not pass the grid's N/2: use --modes {min(grid)} or fewer")
