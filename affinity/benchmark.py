@@ -167,7 +167,7 @@ def benchmark_table(root) -> str:
     """Renderer for `<!-- table: affinity.benchmark:benchmark_table -->` (python -m wellfno.results render)."""
     from pathlib import Path
 
-    from wellfno.results import caption, read_result
+    from wellfno.resultfiles import caption, read_result
     result = read_result(Path(root) / "results" / "affinity_benchmark.json")
     tables = [table_text(f"**{t['title']}**\n", t["unit"], [tuple(r) for r in t["rows"]]) for t in result["data"]["tables"]]
     return "\n\n".join(tables) + "\n\n" + caption(result)
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
         tables.append(("3. GPU-resident compute: conv stack, data on the GPU", "steps/s", rows))
         print("\n" + table_text(*tables[-1]))
     if args.out:
-        from wellfno.results import write_result
+        from wellfno.resultfiles import write_result
         command = "python affinity/benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:])
         data = {"allowed_cpus": format_cpulist(allowed), "workers": args.workers, "samples": args.samples,
                 "repeats": args.repeats,

@@ -79,7 +79,7 @@ def plan_this_rank(topo: Topology, mode: str, launch: LaunchEnv, visible_pci: li
     if n == 0:
         cpus, warning = _cpu_share(topo, mode, launch, bound_by_launcher)
         return RankBinding(frozenset(cpus), None, None, warning)
-    index = device_index_for(launch.local_rank, launch.local_world_size, n, launch.step_gpus)
+    index = device_index_for(launch.local_rank, launch.local_world_size, n, launch.step_gpus, launch.launcher)
     by_pci = {g.pci: g for g in topo.gpus}
     gpu = by_pci.get(visible_pci[index] or "")
     if gpu is None:
@@ -91,7 +91,7 @@ def plan_this_rank(topo: Topology, mode: str, launch: LaunchEnv, visible_pci: li
         sharing = [gpu]
     elif n > 1:
         ranks = range(launch.local_world_size or n)
-        driven = sorted({device_index_for(r, launch.local_world_size, n, launch.step_gpus) for r in ranks} | {index})
+        driven = sorted({device_index_for(r, launch.local_world_size, n, launch.step_gpus, launch.launcher) for r in ranks} | {index})
         sharing = [by_pci[visible_pci[i]] for i in driven if visible_pci[i] in by_pci]
     elif launch.local_world_size == 1:
         sharing = [gpu]

@@ -58,7 +58,7 @@ def rank_gpu(device=None, torch_module=None, sysfs: str = "/sys", env=None) -> t
         index = torch_module.cuda.current_device()
     else:
         launch = launch_environment(env)
-        index = device_index_for(launch.local_rank, launch.local_world_size, len(pcis), launch.step_gpus)
+        index = device_index_for(launch.local_rank, launch.local_world_size, len(pcis), launch.step_gpus, launch.launcher)
     return index, pcis[index] if index < len(pcis) else None
 
 

@@ -94,12 +94,12 @@ def gpu_cpus(topo: Topology, mode: str, gpu: Gpu, sharing: list[Gpu]) -> set[int
 
 
 def device_index_for(local_rank: int, local_world_size: int | None, visible: int,
-                     step_gpus: int | None = None) -> int:
+                     step_gpus: int | None = None, launcher: str = "srun") -> int:
     """torch device index of the GPU a local rank drives among the `visible` ones: wellfno.device's
     rule (one visible: it; one per rank: the local rank's; --gpu-bind=closest: local rank mod k)."""
     from wellfno.device import gpu_index_for  # imports torch: only where a GPU is involved
 
-    return gpu_index_for(local_rank, local_world_size, visible, step_gpus)
+    return gpu_index_for(local_rank, local_world_size, visible, step_gpus, launcher)
 
 
 def make_plan(topo: Topology, mode: str = "exclusive", nranks: int | None = None,

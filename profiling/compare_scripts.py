@@ -83,7 +83,7 @@ def main(argv=None):
     # The scripts pick their own device (--device auto); record what they will see.
     report = compare(args, Path(args.out), machine(pick_device("auto")))
     if args.results:
-        from wellfno.results import write_result
+        from wellfno.resultfiles import write_result
         write_result(args.results, shlex.join(["python", "profiling/compare_scripts.py", *(argv if argv is not None else sys.argv[1:])]), report)
 
 

@@ -162,7 +162,7 @@ def main(argv=None):
     if args.results:
         import sys
 
-        from wellfno.results import write_result
+        from wellfno.resultfiles import write_result
         write_result(args.results, " ".join(["python", "profiling/overhead.py", *(argv if argv is not None else sys.argv[1:])]),
                      result, device)
 

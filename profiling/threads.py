@@ -76,7 +76,7 @@ def main(argv=None):
         print(f"| {t} | " + " | ".join(f"{best[(t, b)]:.0f}" for b in busy) + " |")
     torch.set_num_threads(default_threads)   # the results file names the process's own setting
     if args.results:
-        from wellfno.results import write_result
+        from wellfno.resultfiles import write_result
         rows = [dict(threads=t, busy_processes=b, samples_per_s=round(v, 1)) for (t, b), v in best.items()]
         command = " ".join(["python", "profiling/threads.py", *(argv if argv is not None else sys.argv[1:])])
         print(f"wrote {write_result(args.results, command, dict(batch_size=args.batch_size, rows=rows))}")

@@ -322,7 +322,7 @@ def main(argv=None):
                   readers=readers, rows=rows)
     atomic_write_json(out / "throughput.json", result)
     if args.results:
-        from wellfno.results import write_result
+        from wellfno.resultfiles import write_result
         write_result(args.results, result["command"], result, device)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")

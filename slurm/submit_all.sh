@@ -36,6 +36,9 @@ STEPS=(
   "04_stats            cpu        data"
   "04_stats_torchrun   cpu        data"
   "04_stats_2nodes     cpu        data"
+  "05_ddp              gpus       data"
+  "05_ddp_2nodes       gpus       data"
+  "06_efficiency       gpu        data"
 )
 
 with_2nodes=0 dry=0 selected=() extra=() step_args=()

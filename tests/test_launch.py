@@ -87,6 +87,11 @@ def test_tasks_per_node():
 # --------------------------------------------------------------------------- device and backend
 def test_gpu_index_for_each_slurm_mode():
     assert devmod.gpu_index_for(3, 4, visible=1) == 0   # --gpus-per-task=1: each task sees its own
+    assert devmod.gpu_index_for(1, 2, visible=1, launcher="srun", step_gpus=2) == 0
+    with pytest.raises(UserError, match="2 ranks on this node but only 1 GPUs"):   # torchrun never narrows
+        devmod.gpu_index_for(1, 2, visible=1, launcher="torchrun")
+    with pytest.raises(UserError, match="2 ranks on this node but only 1 GPUs"):   # srun, one GPU for the step
+        devmod.gpu_index_for(1, 2, visible=1, launcher="srun", step_gpus=1)
     assert devmod.gpu_index_for(3, 4, visible=4) == 3   # all GPUs visible to every task
     assert devmod.gpu_index_for(0, 4, visible=8) == 0   # second node's local rank 0 -> its GPU 0
     with pytest.raises(UserError, match="5 ranks on this node but only 4 GPUs"):

@@ -27,10 +27,12 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def gpu_index_for(local_rank: int, local_world_size: int | None, visible: int,
-                  step_gpus: int | None = None) -> int:
+                  step_gpus: int | None = None, launcher: str = "srun") -> int:
     """The GPU a rank drives, from how many the rank can see.
 
-    One visible GPU: it is ours (Slurm bound one per task). Several, at least one per rank on the
+    One visible GPU: it is ours when srun bound one per task (--gpus-per-task=1); torchrun never
+    narrows what a rank sees, so under torchrun one GPU for several local ranks is an error (NCCL
+    would otherwise stop with its own duplicate-GPU message). Several, at least one per rank on the
     node: the local rank's, so a second node's rank 4 uses its node's GPU 0 through local rank 0,
     never `cuda:<global rank>`. Fewer than the ranks on the node, while Slurm gave the step at least
     one GPU per rank (`step_gpus`, from SLURM_STEP_GPUS): `srun --gpu-bind=closest` shows each task
@@ -39,9 +41,11 @@ def gpu_index_for(local_rank: int, local_world_size: int | None, visible: int,
     """
     if visible < 1:
         raise UserError("this rank sees no GPU: ask Slurm for GPUs (--gpus-per-task=1), or use the CPU")
-    if visible == 1:
-        return 0
     ranks = local_world_size if local_world_size is not None else local_rank + 1
+    if visible == 1:
+        shared = ranks > 1 and (launcher != "srun" or (step_gpus is not None and step_gpus < ranks))
+        if not shared:
+            return 0
     if local_rank < visible and ranks <= visible:
         return local_rank
     if step_gpus is not None and ranks <= step_gpus and ranks % visible == 0:
@@ -51,7 +55,8 @@ def gpu_index_for(local_rank: int, local_world_size: int | None, visible: int,
 
 
 def pick_backend(requested: str, local_rank: int, local_world_size: int | None = None,
-                 prefer_gpu: bool = True, step_gpus: int | None = None) -> tuple[str, torch.device]:
+                 prefer_gpu: bool = True, step_gpus: int | None = None,
+                 launcher: str = "srun") -> tuple[str, torch.device]:
     """(backend, device) for torch.distributed.
 
     `auto` means nccl on GPUs (RCCL on ROCm) when `prefer_gpu` and a GPU is visible, else gloo
@@ -66,6 +71,6 @@ def pick_backend(requested: str, local_rank: int, local_world_size: int | None =
         return "gloo", torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError("--backend nccl needs a GPU, and torch sees none: use --backend gloo")
-    index = gpu_index_for(local_rank, local_world_size, torch.cuda.device_count(), step_gpus)
+    index = gpu_index_for(local_rank, local_world_size, torch.cuda.device_count(), step_gpus, launcher)
     torch.cuda.set_device(index)
     return "nccl", torch.device("cuda", index)

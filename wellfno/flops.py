@@ -279,37 +279,6 @@ def efficiency_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-EFFICIENCY_RESULT = Path("results") / "efficiency_cpu" / "efficiency.json"
-
-
-def efficiency_table(root: Path) -> str:
-    """README renderer (wellfno.results): exercise 06's table from its committed results file."""
-    from wellfno.results import caption, read_result
-
-    result = read_result(root / EFFICIENCY_RESULT)
-    data = result["data"]
-    return (efficiency_markdown(data["rows"]) + f"\n\nPeak: {data['peak_device']} ({data['peak_source']}).\n\n"
-            + caption(result))
-
-
-def readme_results_row(result: dict) -> list[str]:
-    """The course README's results row of exercise 06 (step, command, what it measured) from its results file."""
-    rows = {r["row"]: r for r in result["data"]["rows"]}
-    first, last = result["data"]["rows"][0], result["data"]["rows"][-1]
-    parts = [f"{first['row']}: {first['samples_per_s']:.1f} samples/s"]
-    for name, r in rows.items():
-        if name != first["row"] and r is not last:
-            parts.append(f"{name} **{r['vs_first']:.2f}×**")
-    compiled = rows.get("+ torch.compile", {}).get("compile_seconds")
-    if compiled:
-        parts[-1] += f" ({compiled:.0f} s compiling, timed apart)"
-    parts.append(f"{last['row'][2:]}: {last['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, MFU "
-                 f"**{100 * last['mfu']:.1f} %** of the {last['peak_precision']} peak ({result['data']['peak_device']}"
-                 f", an estimate)" if last["mfu"] is not None else f"{last['row'][2:]}: MFU unknown")
-    return ["06", f"`{result['command']}` ([exercise 06](exercises/06_efficiency/README.md#what-you-should-see))",
-            "; ".join(parts) + "; GPU: the same command, to be measured"]
-
-
 def gpu_peak_table(root: Path) -> str:
     """README renderer: the GPU rows of the peak table (datasheet values, the same on every machine)."""
     return peak_table(include_cpu=False)

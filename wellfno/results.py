@@ -17,10 +17,8 @@ results file keep the renderer for it beside the code that writes it.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -29,46 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
-from wellfno.machine import describe, machine_info
+from wellfno import flops
+from wellfno.cli import UserError, atomic_write_text, run_main
+from wellfno.resultfiles import caption, md_table, read_result, write_result  # noqa: F401 (re-exported)
 
 DOCS = ("README.md", "INSTRUCTORS.md", "DESIGN.md", "slurm/README.md", "exercises/*/README.md")
 TABLE = re.compile(r"(<!-- table: (?P<spec>[\w.]+:\w+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
-
-
-# --------------------------------------------------------------------------- results files
-def write_result(path: str | os.PathLike, command: str, data: dict, device=None) -> Path:
-    """Write a results file: what was run, where, when, and what it measured (atomically)."""
-    return atomic_write_json(path, {"command": command, "machine": machine_info(device),
-                                    "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                                    "data": data})
-
-
-def read_result(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    try:
-        result = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path} is missing: run the command that writes it (see `make results`)") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} is not valid JSON ({err.msg}): run its command again") from None
-    if not isinstance(result, dict) or not {"command", "machine", "data"} <= result.keys():
-        raise UserError(f"{path} lacks command/machine/data: it was not written by wellfno.results.write_result")
-    return result
-
-
-def caption(result: dict) -> str:
-    """The line under a generated table: command, machine and date."""
-    when = result.get("measured_at", "")[:10]
-    return f"_Measured by `{result['command']}` on {describe(result['machine'])}{', ' + when if when else ''}._"
-
-
-def md_table(header: list[str], rows: list[list], align: str = "") -> str:
-    """A Markdown table; `align` has one letter per column, r for right-aligned (numbers), else left."""
-    rule = ["---:" if a == "r" else "---" for a in align.ljust(len(header), "l")]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- tables in the docs
@@ -550,13 +514,10 @@ def readme_results_table(root: Path) -> str:
                      f"timings to be measured (no results file yet); {tested}", "—"])
     scaling = use("05_ddp_scaling.json")
     if scaling:  # exercise 05: its sentence lives beside the table it summarises
-        row = importlib.import_module("solutions.05_ddp.scaling").readme_results_row(scaling)
-        rows.append(row + [_link("05_ddp_scaling.json")])
+        rows.append(ddp_readme_row(scaling) + [_link("05_ddp_scaling.json")])
     efficiency = use("efficiency_cpu/efficiency.json")
     if efficiency:  # exercise 06: its sentence lives beside the table it summarises
-        from wellfno.flops import readme_results_row
-
-        rows.append(readme_results_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
+        rows.append(efficiency_readme_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
     machines = {}
     for name, res in results.items():
         if res:
@@ -566,6 +527,61 @@ def readme_results_table(root: Path) -> str:
                 f"`{name}` {res['machine'].get('load_average', '?')} ({res.get('measured_at', '')[:10]})")
     notes = "; ".join(f"{m} — load average at the end of each run: {', '.join(v)}" for m, v in machines.items())
     return md_table(["step", "command", "what it measured", "results file"], rows) + f"\n\n_Machine: {notes}._"
+
+
+# --------------------------------------------------------------------------- exercises 05 and 06
+def ddp_scaling_table(root: Path) -> str:
+    """The README table of results/05_ddp_scaling.json (`python -m wellfno.results render`)."""
+    result = read_result(Path(root) / "results" / "05_ddp_scaling.json")
+    rows = [[mode, r["ranks"], r["per_rank_batch"], r["global_batch"], f"{r['step_ms']:.0f}",
+             f"{r['samples_per_second']:.1f}", f"{r['efficiency']:.2f}", f"{100 * r['comm_share']:.0f} %",
+             f"{100 * r['exposed_comm_share']:.0f} %"]
+            for mode, mode_rows in result["data"]["modes"].items() for r in mode_rows]
+    return md_table(["scaling", "ranks", "batch per rank", "global batch", "step ms", "samples/s", "efficiency",
+                     "in collectives", "exposed"], rows) + "\n\n" + caption(result)
+
+
+
+def ddp_readme_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 05 (step, command, what it measured) from its results file."""
+    parts = []
+    for mode, rows in result["data"]["modes"].items():
+        first, last = rows[0], rows[-1]
+        parts.append(f"{mode} scaling {first['ranks']} to {last['ranks']} ranks: efficiency "
+                     f"**{last['efficiency']:.2f}**, {100 * last['comm_share']:.0f} % of a step in collectives "
+                     f"({100 * last['exposed_comm_share']:.0f} % not hidden by the backward)")
+    return ["05", f"`{result['command']}` ([exercise 05](exercises/05_ddp/README.md#scaling))",
+            "; ".join(parts) + "; the tests check 2 ranks × b = 1 rank × 2b after a step (≤ 1e-5) and "
+            "`--eval-only` equal on 1, 2, 3 ranks (≤ 1e-6); GPU nodes: the README's commands, to be measured"]
+
+
+EFFICIENCY_RESULT = Path("results") / "efficiency_cpu" / "efficiency.json"
+
+
+def efficiency_table(root: Path) -> str:
+    """README renderer (wellfno.results): exercise 06's table from its committed results file."""
+    result = read_result(root / EFFICIENCY_RESULT)
+    data = result["data"]
+    return (flops.efficiency_markdown(data["rows"]) + f"\n\nPeak: {data['peak_device']} ({data['peak_source']}).\n\n"
+            + caption(result))
+
+
+def efficiency_readme_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 06 (step, command, what it measured) from its results file."""
+    rows = {r["row"]: r for r in result["data"]["rows"]}
+    first, last = result["data"]["rows"][0], result["data"]["rows"][-1]
+    parts = [f"{first['row']}: {first['samples_per_s']:.1f} samples/s"]
+    for name, r in rows.items():
+        if name != first["row"] and r is not last:
+            parts.append(f"{name} **{r['vs_first']:.2f}×**")
+    compiled = rows.get("+ torch.compile", {}).get("compile_seconds")
+    if compiled:
+        parts[-1] += f" ({compiled:.0f} s compiling, timed apart)"
+    parts.append(f"{last['row'][2:]}: {last['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, MFU "
+                 f"**{100 * last['mfu']:.1f} %** of the {last['peak_precision']} peak ({result['data']['peak_device']}"
+                 f", an estimate)" if last["mfu"] is not None else f"{last['row'][2:]}: MFU unknown")
+    return ["06", f"`{result['command']}` ([exercise 06](exercises/06_efficiency/README.md#what-you-should-see))",
+            "; ".join(parts) + "; GPU: the same command, to be measured"]
 
 
 # --------------------------------------------------------------------------- command line

@@ -461,7 +461,7 @@ def benchmark_markdown(data: dict) -> str:
 
 def benchmark_table(root) -> str:
     """Renderer for `<!-- table: wellfno.stats:benchmark_table -->` (python -m wellfno.results render)."""
-    from wellfno.results import caption, read_result
+    from wellfno.resultfiles import caption, read_result
 
     result = read_result(Path(root) / "results" / "04_stats_benchmark.json")
     return benchmark_markdown(result["data"]) + "\n\n" + caption(result)

@@ -38,7 +38,7 @@ import numpy as np
 import yaml
 
 from wellfno.cli import UserError, run_main
-from wellfno.results import caption, read_result, write_result
+from wellfno.resultfiles import caption, read_result, write_result
 from wellfno.stats import benchmark_markdown, max_relative_difference, plan_dataset, rank_ranges
 from wellfno.wellformat import write_well_file
 

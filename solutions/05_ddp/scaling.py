@@ -22,7 +22,7 @@ would take every core with one thread each, and the comparison would be of threa
 
 Writes OUT/scaling.json (a results file: the command, the machine, every number, the runs'
 commands) and OUT/scaling.png; --results PATH writes the same JSON there too (the repository's
-copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/README.md by `scaling_table`).
+copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/README.md by `wellfno.results.ddp_scaling_table`).
 The per-rank traces stay in OUT/<mode>_<N>ranks/ for ui.perfetto.dev.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from profiling import comms, summarize, traces
 from wellfno import data, plots
 from wellfno.cli import UserError, run_main
 from wellfno.machine import describe
-from wellfno.results import caption, md_table, read_result, write_result
+from wellfno.resultfiles import read_result, write_result
 
 SCRIPT = Path(__file__).resolve().parent / "fno.py"
 
@@ -214,31 +214,6 @@ def main(argv=None):
                   f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} {100 * r['comm_share']:5.1f}% "
                   f"{100 * r['exposed_comm_share']:7.1f}%")
     print(f"Wrote {out / 'scaling.json'}{' and ' + args.results if args.results else ''} and {figure}")
-
-
-def scaling_table(root: Path) -> str:
-    """The README table of results/05_ddp_scaling.json (`python -m wellfno.results render`)."""
-    result = read_result(Path(root) / "results" / "05_ddp_scaling.json")
-    rows = [[mode, r["ranks"], r["per_rank_batch"], r["global_batch"], f"{r['step_ms']:.0f}",
-             f"{r['samples_per_second']:.1f}", f"{r['efficiency']:.2f}", f"{100 * r['comm_share']:.0f} %",
-             f"{100 * r['exposed_comm_share']:.0f} %"]
-            for mode, mode_rows in result["data"]["modes"].items() for r in mode_rows]
-    return md_table(["scaling", "ranks", "batch per rank", "global batch", "step ms", "samples/s", "efficiency",
-                     "in collectives", "exposed"], rows) + "\n\n" + caption(result)
-
-
-
-def readme_results_row(result: dict) -> list[str]:
-    """The course README's results row of exercise 05 (step, command, what it measured) from its results file."""
-    parts = []
-    for mode, rows in result["data"]["modes"].items():
-        first, last = rows[0], rows[-1]
-        parts.append(f"{mode} scaling {first['ranks']} to {last['ranks']} ranks: efficiency "
-                     f"**{last['efficiency']:.2f}**, {100 * last['comm_share']:.0f} % of a step in collectives "
-                     f"({100 * last['exposed_comm_share']:.0f} % not hidden by the backward)")
-    return ["05", f"`{result['command']}` ([exercise 05](exercises/05_ddp/README.md#scaling))",
-            "; ".join(parts) + "; the tests check 2 ranks × b = 1 rank × 2b after a step (≤ 1e-5) and "
-            "`--eval-only` equal on 1, 2, 3 ranks (≤ 1e-6); GPU nodes: the README's commands, to be measured"]
 
 
 if __name__ == "__main__":

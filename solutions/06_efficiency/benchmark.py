@@ -35,7 +35,7 @@ from wellfno import data, flops
 from wellfno.cli import UserError, run_main
 from wellfno.device import pick_device
 from wellfno.model import NextFrameFNO
-from wellfno.results import write_result
+from wellfno.resultfiles import write_result
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = REPO / "solutions" / "05_ddp" / "fno.py"

@@ -290,7 +290,7 @@ def main(argv=None):
     device = pick_device(args.device)
     # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
     backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size, device.type == "cuda",
-                                   env.step_gpus)
+                                   env.step_gpus, env.launcher)
     if args.device != "auto" and device.type != args.device:
         raise UserError(f"--backend {backend} and --device {args.device} do not go together: nccl runs on GPUs, "
                         f"gloo here on CPUs")
