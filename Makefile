@@ -55,7 +55,7 @@ demo: venv
 	$(PY) fno.py --data-dir $(DATA_DIR) --out $(DEMO_OUT)
 
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # Everything but the `slow` (process groups, resume after a kill, notebooks) and `slurm` tests.
 test-fast: venv
