@@ -51,7 +51,7 @@ def main(argv=None):
     dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     train = FastWellDataset(dataset_dir, "train", 1)
     stats = channel_stats(data.load_stats(dataset_dir), train.core_field_names)
-    trainer = Trainer(len(data.channel_names(train)), 1, stats, device, 0)
+    trainer = Trainer(train, 1, stats, device, 0)
     sample = train[0]
     x, y = data.batch_to_model({k: v.unsqueeze(0).expand(args.batch_size, *v.shape) for k, v in sample.items()},
                                device)
