@@ -268,6 +268,21 @@ def demo_run_summary(root: Path) -> str:
     return f"`{row['command']}`: {first}.\n\n{table}\n\n{_caption(result)}"
 
 
+def demo_transcript(root: Path) -> str:
+    """README's quick start: what `fno.py` printed per epoch and rollout step in runtimes.json's step 00."""
+    result = _result(root, "runtimes.json")
+    row = _rows_by_step(result)["00"][0]
+    if "epochs" not in row:
+        return _failed_step(row, result)
+    n = len(row["epochs"])
+    lines = [f"$ {row['command']}        # {row['seconds']:.0f} s", "..."]
+    lines += [f"epoch {i + 1}/{n}  train_loss {e['train_loss']:.4f}  valid_loss {e['valid_loss']:.4f}  "
+              f"{e['samples_per_second']:.0f} samples/s" for i, e in enumerate(row["epochs"])]
+    lines += [f"rollout step {k + 1}: VRMSE model {m:.4f}  persistence {q:.4f}"
+              for k, (m, q) in enumerate(zip(row["rollout_vrmse"][:5], row["persistence_vrmse"][:5]))]
+    return "```\n" + "\n".join(lines) + "\n```\n\n" + _caption(result)
+
+
 # ---- exercise 01: the profile (step 01 of runtimes.json) and the profiler's overhead
 def _elide(lines: list[str], keep: int) -> list[str]:
     return lines if len(lines) <= keep else lines[:keep] + ["..."]
