@@ -154,8 +154,10 @@ def check_equal(out: Path, serial) -> None:
     require(out.is_file(), f"no {out.name} was written: rank 0 writes it {task('04', 5)}")
     got = yaml.safe_load(out.read_text())
     difference = S.max_relative_difference(got, stats)
-    require(difference <= 1e-12,
-            f"stats.yaml differs from the serial one by {difference:.1e} relative (allowed 1e-12): rank 0 "
+    # 1e-10: what the serial result itself is allowed against the float64 reference (test_stats.py);
+    # merging per-rank totals in rank order reached 1.1e-12 here with 4 ranks (the ramp's deltas).
+    require(difference <= 1e-10,
+            f"stats.yaml differs from the serial one by {difference:.1e} relative (allowed 1e-10): rank 0 "
             f"must merge every rank's summary, in rank order {task('04', 5)}")
     if IS_SOLUTION:  # the fixed merge tree makes the reference solution bitwise equal to serial
         require(out.read_bytes() == raw, f"stats.yaml equals the serial one to {difference:.1e} but not "

@@ -472,3 +472,38 @@ __all__ = [
     "plan_fingerprint", "reduce_range", "stats_from_moments", "stats_output", "ItemReader", "max_relative_difference",
     "loss_weights", "find_split_files", "CHUNK_BYTES",
 ]
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    """`python -m wellfno.stats compare A.yaml B.yaml [--allowed R]`: exit 1 when they differ by more.
+
+    Exercise 04's comparison of a distributed stats.yaml with the serial one: the largest
+    relative difference of any statistic, and whether the files are bitwise identical.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m wellfno.stats compare",
+                                     description=compare_main.__doc__)
+    parser.add_argument("command", choices=["compare"])
+    parser.add_argument("reference", type=Path, help="e.g. the serial stats.yaml")
+    parser.add_argument("other", type=Path, help="e.g. the distributed stats.yaml")
+    parser.add_argument("--allowed", type=float, default=1e-10,
+                        help="largest relative difference that counts as equal (default: 1e-10)")
+    args = parser.parse_args(argv)
+    loaded = []
+    for path in (args.reference, args.other):
+        if not path.is_file():
+            raise UserError(f"{path} does not exist: run the command that writes it first")
+        loaded.append(yaml.safe_load(path.read_text()))
+    difference = max_relative_difference(*loaded)
+    bitwise = args.reference.read_bytes() == args.other.read_bytes()
+    verdict = "equal" if difference <= args.allowed else "NOT equal"
+    print(f"{args.other} vs {args.reference}: max relative difference {difference:.1e} "
+          f"(allowed {args.allowed:.0e}): {verdict}; bitwise identical: {'yes' if bitwise else 'no'}")
+    return 0 if difference <= args.allowed else 1
+
+
+if __name__ == "__main__":
+    from wellfno.cli import run_main
+
+    run_main(compare_main)

@@ -1,16 +1,19 @@
-"""The three mistakes of the original statistics script, each shown with wrong vs right numbers.
+"""The four mistakes of the original statistics script, each shown with wrong vs right numbers.
 
-    python exercises/04_distributed_stats/pitfalls.py
+    .venv/bin/python exercises/04_distributed_stats/pitfalls.py
 
 1. float32 E[x^2] - E[x]^2 on a field with a large mean and a small spread.
 2. DistributedSampler padding + keeping the first N gathered rows: duplicates kept, samples dropped.
 3. Averaging per-batch means (and per-rank standard deviations).
+4. `cuda:<rank>`: on a second node the global rank names a GPU that node does not have.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
+
+from wellfno.device import gpu_index_for
 
 
 def two_pass(x: np.ndarray) -> tuple[float, float]:
@@ -65,9 +68,21 @@ def mean_of_means() -> None:
     print("   right: merge (count, mean, M2) with Chan's formula, weighting by counts")
 
 
+def cuda_rank() -> None:
+    print("4. cuda:<rank> on 2 nodes of 4 GPUs each (8 ranks, srun or torchrun: 4 ranks per node)")
+    print("   ranks 0-3 (node 0): cuda:<rank> happens to be right")
+    for rank in (4, 7):
+        local_rank = rank % 4  # what LOCAL_RANK / SLURM_LOCALID says on the rank's node
+        right = gpu_index_for(local_rank, 4, visible=4)
+        print(f"   rank {rank} (node 1): wrong cuda:{rank} (a 4-GPU node has cuda:0-3), "
+              f"right cuda:{right} (local rank {local_rank})")
+
+
 if __name__ == "__main__":
     float32_one_pass()
     print()
     padded_round_robin()
     print()
     mean_of_means()
+    print()
+    cuda_rank()
