@@ -227,12 +227,12 @@ def test_dask_version_matches_reference(dataset, tmp_path):
 
 
 def test_pitfalls_output_is_what_the_readme_shows():
-    """exercises/04_distributed_stats/pitfalls.py prints the wrong-vs-right numbers the README quotes."""
+    """exercises/04_distributed_stats/pitfalls.py prints the wrong-vs-right numbers background.md quotes."""
     r = subprocess.run([sys.executable, "exercises/04_distributed_stats/pitfalls.py"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    readme = (ROOT / "exercises" / "04_distributed_stats" / "README.md").read_text()
-    shown = readme[readme.index("`python exercises/04_distributed_stats/pitfalls.py`:"):].split("```\n", 2)[1]
+    readme = (ROOT / "exercises" / "04_distributed_stats" / "background.md").read_text()
+    shown = readme[readme.index("`.venv/bin/python exercises/04_distributed_stats/pitfalls.py`:"):].split("```\n", 2)[1]
     # float64 E[x^2] - E[x]^2 keeps ~5 digits; which ones depends on torch's summation order on this CPU
     import re
 

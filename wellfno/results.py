@@ -31,7 +31,8 @@ from wellfno import flops
 from wellfno.cli import UserError, atomic_write_text, run_main
 from wellfno.resultfiles import caption, md_table, read_result, write_result  # noqa: F401 (re-exported)
 
-DOCS = ("README.md", "INSTRUCTORS.md", "DESIGN.md", "slurm/README.md", "exercises/*/README.md")
+DOCS = ("README.md", "INSTRUCTORS.md", "DESIGN.md", "slurm/README.md", "exercises/*/README.md",
+        "exercises/*/background.md")
 TABLE = re.compile(r"(<!-- table: (?P<spec>[\w.]+:\w+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
 
@@ -493,7 +494,7 @@ def readme_results_table(root: Path) -> str:
             parts.append(f"fast reader at {rd['fast_over_raw']:.2f} of raw h5py and {rd['fast_over_well']:.0f}× "
                          f"`WellDataset`")
         rows.append(["02", "`python profiling/compare_scripts.py ...`, `python profiling/throughput.py ...` "
-                     "([exercise 02](exercises/02_data_pipeline/README.md#results))", "; ".join(parts),
+                     "([exercise 02](exercises/02_data_pipeline/background.md#results))", "; ".join(parts),
                      ", ".join(_link(n) for n, r in (("compare_scripts.json", scripts), ("throughput.json", tp)) if r)])
     aff = use("affinity_benchmark.json")
     if aff:
@@ -504,7 +505,7 @@ def readme_results_table(root: Path) -> str:
         if len(tables) > 1:
             busy, free = (v for _, v in tables[1]["rows"][:2])
             text += f"; a worker sharing a busy core: {free / busy:.2f}× slower"
-        rows.append(["03", f"`{aff['command']}` ([exercise 03](exercises/03_affinity/README.md#5-measure-when-does-it-pay))",
+        rows.append(["03", f"`{aff['command']}` ([exercise 03](exercises/03_affinity/background.md#5-measure-when-does-it-pay))",
                      text, _link("affinity_benchmark.json")])
     stats = _stats_benchmark(root)
     if stats:
