@@ -1,0 +1,154 @@
+"""Every command in the exercise READMEs runs as written, on tiny data (issue 20, point 5).
+
+The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
+
+- Every fenced block that opens with a bash fence (indented inside a list item or not) is a
+  sequence a participant types. It runs here as written, with `bash -e -o pipefail`, in a
+  fresh shell, in a scratch copy of the repository (tracked files; the venv linked in), from
+  its root. The blocks of one README run in order in the same copy, so a later block may read
+  what an earlier one wrote (task 5 of exercise 04 compares with task 1's file).
+- A marker on the line just above the fence changes that:
+  `<!-- ci: skip (reason) -->`: not run here (GPU or Slurm only, a long benchmark, the
+  check-your-work commands, which the suite runs anyway); always give the reason.
+  `<!-- ci: fails (reason) -->`: must exit non-zero (a "break it" recipe).
+- The participant's own file is in place, finished, before the blocks run: PARTICIPANT maps
+  each exercise to (path in the copy, the finished file). For 01-03 that is `fno.py` = the
+  step's solution; for 04 `my_stats.py` = the starter with the test's answers
+  (tests/test_stats_distributed.py: finished_starter).
+- Data: WELL_DATA is the tiny generated dataset (the `tiny_data_dir` fixture, 16x16 cells,
+  12 frames), which is what `fno.py` and every README command read by default; every process
+  has OMP_NUM_THREADS=1. A README keeps its runs short by its own flags (`--max-steps`,
+  `--seconds 1 --repeats 1`), which suit a participant's laptop too.
+- A block that fails (or a `fails` block that succeeds) fails the test with one line: the
+  README, the block's line, its exit status and its last line of output.
+
+Adding exercise 05: add `"05_ddp": ("fno.py", "solutions/05_ddp/fno.py")` to PARTICIPANT (the
+file its participant edits, and what a finished one is). The whole test is `slow` (about two
+minutes on 2 cores: each block starts Python and imports torch).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def finished_stats(folder: Path) -> Path:
+    from tests.test_stats_distributed import finished_starter
+
+    return finished_starter(folder)
+
+
+# exercise folder -> (the participant's file, relative to the repository; how to make a finished one)
+PARTICIPANT = {
+    "01_profiling": ("fno.py", lambda tmp: REPO / "solutions/01_profiling/fno.py"),
+    "02_data_pipeline": ("fno.py", lambda tmp: REPO / "solutions/02_data_pipeline/fno.py"),
+    "03_affinity": ("fno.py", lambda tmp: REPO / "solutions/03_affinity/fno.py"),
+    "04_distributed_stats": ("my_stats.py", finished_stats),
+}
+EXERCISES = list(PARTICIPANT)
+BLOCK_TIMEOUT = 300
+FENCE = re.compile(r"^(?P<indent> *)```bash\s*$")
+MARKER = re.compile(r"^\s*<!-- ci: (?P<kind>skip|fails) \((?P<reason>[^)]+)\) -->\s*$")
+
+
+def bash_blocks(readme: Path) -> list[dict]:
+    """The bash blocks of a README: line number, text (dedented), and the ci marker above it."""
+    lines = readme.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        indent, start, body = len(fence.group("indent")), i + 1, []
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
+            i += 1
+        above = next((line for line in reversed(lines[:start - 1]) if line.strip()), "")
+        marker = MARKER.match(above)
+        blocks.append(dict(line=start, text="\n".join(body) + "\n",
+                           kind=marker.group("kind") if marker else "run"))
+        i += 1
+    return blocks
+
+
+def test_the_convention_is_readable():
+    """Unit check of the parser on a made-up README: indented fences, both markers, plain text."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        readme = Path(folder) / "README.md"
+        readme.write_text("intro\n```bash\necho a\n```\n1. task\n   <!-- ci: skip (GPU only) -->\n"
+                          "   ```bash\n   nvidia-smi\n   ```\n<!-- ci: fails (break it) -->\n\n```bash\nfalse\n```\n"
+                          "```\nnot bash\n```\n")
+        got = [(b["kind"], b["text"]) for b in bash_blocks(readme)]
+    assert got == [("run", "echo a\n"), ("skip", "nvidia-smi\n"), ("fails", "false\n")]
+
+
+@pytest.fixture(scope="module")
+def scratch_repo(tmp_path_factory) -> Path:
+    """The repository's files as a clone has them (tracked and new, not ignored), the venv linked."""
+    root = tmp_path_factory.mktemp("repo")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    (root / ".venv").symlink_to(REPO / ".venv")
+    return root
+
+
+def run_block(text: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """One block in a fresh `bash -e -o pipefail`; stray background processes are ended after it."""
+    proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", text], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, 124, out + f"\n(timed out after {BLOCK_TIMEOUT} s)")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # a rank a recipe left in the background
+    except ProcessLookupError:
+        pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_path):
+    readme = REPO / "exercises" / exercise / "README.md"
+    blocks = bash_blocks(readme)
+    assert [b for b in blocks if b["kind"] == "run"], f"{readme}: no bash block to run"
+    own, finished = PARTICIPANT[exercise]
+    (scratch_repo / own).unlink(missing_ok=True)
+    shutil.copy2(finished(tmp_path), scratch_repo / own)
+    shutil.rmtree(scratch_repo / "runs", ignore_errors=True)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_",
+                                "TORCHELASTIC", "STATS_"))}
+    env.update(WELL_DATA=str(tiny_data_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+    for block in blocks:
+        if block["kind"] == "skip":
+            continue
+        result = run_block(block["text"], scratch_repo, env)
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        last = lines[-1][:300] if lines else "(no output)"
+        where = f"exercises/{exercise}/README.md, the block at line {block['line']}"
+        if block["kind"] == "fails":
+            assert result.returncode != 0, f"{where} is marked `ci: fails` but exited 0: {last}"
+        else:
+            assert result.returncode == 0, f"{where} exited {result.returncode}: {last}"
