@@ -11,14 +11,15 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 
 import pytest
 
-TASK = re.compile(r"\(exercise \d\d, task \d+\)")
+TASK = re.compile(r"\(exercise \d\d, task O?\d+\)")
 
 
-def task(exercise: str, number: int) -> str:
-    """'(exercise 01, task 2)': the end of every check-your-work sentence."""
+def task(exercise: str, number) -> str:
+    """'(exercise 01, task 2)': the end of every check-your-work sentence (optional tasks: 'O1')."""
     return f"(exercise {exercise}, task {number})"
 
 
@@ -42,12 +43,19 @@ def require_run(result, what: str, fix: str) -> None:
 
 
 def run_main_or_fail(call, what: str, fix: str):
-    """Run `call()` (a script's main in this process); an argparse exit becomes one sentence."""
-    stderr = io.StringIO()
+    """Run `call()` (a script's main in this process); an argparse exit becomes one sentence.
+
+    What the script wrote to stderr is passed on (pytest shows it as captured output).
+    """
+    stderr, refused = io.StringIO(), None
     try:
         with contextlib.redirect_stderr(stderr):
-            return call()
+            result = call()
     except SystemExit as exit_info:
         if exit_info.code in (0, None):
             raise
-        pytest.fail(f"{what} stopped: {last_error_line(stderr.getvalue())}; {fix}", pytrace=False)
+        refused = last_error_line(stderr.getvalue())
+    if refused is not None:  # outside the except: no "during handling of the above exception"
+        pytest.fail(f"{what} stopped: {refused}; {fix}", pytrace=False)
+    sys.stderr.write(stderr.getvalue())
+    return result

@@ -3,12 +3,15 @@
 Check your own script:  .venv/bin/python -m pytest -q tests/test_03_affinity_solution.py --script fno.py
 
 Without --script it checks solution 03 and every later solution (tests/conftest.py: STEPS).
+Each failure is one sentence naming the task of exercises/03_affinity/README.md that fixes it
+(tests/checks.py).
 """
 import os
 import re
 
 import pytest
 
+from tests.checks import last_error_line, require, require_run, task
 from tests.conftest import call_main, run_script
 
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -46,22 +49,34 @@ def run_ranks(script, data_dir, out, world=2):
                                        "--epochs", "1", "--max-steps", "1", "--batch-size", "8", "--bind", "exclusive"],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     lines = []
-    for proc in procs:
+    for rank, proc in enumerate(procs):
         stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stderr[-2000:]
+        require(proc.returncode == 0, f"rank {rank} of 2 with --bind exclusive exited {proc.returncode}: "
+                f"{last_error_line(stderr)}; add --bind and bind_this_rank {task('03', 3)}")
         lines.append([line for line in stdout.splitlines() if line.startswith("host=")])
     return lines
+
+
+def rank_line(lines, who: str) -> str:
+    found = [line for line in lines if "worker=-" in line]
+    require(found, f"{who} printed no report line (host=... worker=- cpus=...): print report_line(device=device) "
+            f"once per rank {task('03', 3)}")
+    return found[0]
 
 
 @pytest.mark.slow  # two ranks, each a whole training run
 @needs_two_cpus
 def test_each_rank_is_bound_to_its_own_cores(script, tiny_data_dir, tmp_path):
     rank_cpus = []
-    for lines in run_ranks(script, tiny_data_dir, tmp_path / "run"):
-        rank_line = next(line for line in lines if "worker=-" in line)
-        rank_cpus.append(cpus_in(rank_line))
-    assert rank_cpus[0] and rank_cpus[1] and not rank_cpus[0] & rank_cpus[1], rank_cpus
-    assert rank_cpus[0] | rank_cpus[1] <= set(ALLOWED)
+    for rank, lines in enumerate(run_ranks(script, tiny_data_dir, tmp_path / "run")):
+        rank_cpus.append(cpus_in(rank_line(lines, f"rank {rank}")))
+    shared = rank_cpus[0] & rank_cpus[1]
+    require(rank_cpus[0] and rank_cpus[1] and not shared,
+            f"two ranks with --bind exclusive share {len(shared)} CPUs (allowed: none): call bind_this_rank "
+            f"before anything else {task('03', 3)}")
+    outside = (rank_cpus[0] | rank_cpus[1]) - set(ALLOWED)
+    require(not outside, f"the ranks run on {len(outside)} CPUs this process may not use (allowed: none): never "
+            f"widen the launcher's CPUs {task('03', 3)}")
 
 
 @pytest.mark.slow  # a whole run with two workers in a child process
@@ -69,21 +84,31 @@ def test_each_rank_is_bound_to_its_own_cores(script, tiny_data_dir, tmp_path):
 def test_workers_are_spread_over_the_rank_cores(script, tiny_data_dir, tmp_path):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "w", "--epochs", "1",
                         "--max-steps", "1", "--batch-size", "8", "--num-workers", "2", "--report-workers")
-    assert result.returncode == 0, result.stderr[-2000:]
+    require_run(result, "a run with --num-workers 2 --report-workers", f"add --report-workers {task('03', 3)}")
     lines = [line for line in result.stdout.splitlines() if line.startswith("host=")]
-    rank_cpus = cpus_in(next(line for line in lines if "worker=-" in line))
+    rank_cpus = cpus_in(rank_line(lines, "the rank"))
     workers = {}
     for line in lines:
         match = re.search(r"worker=(\d+)", line)
         if match:
             workers[int(match.group(1))] = cpus_in(line)
-    assert set(workers) == {0, 1}, lines
-    assert workers[0] and workers[1] and not workers[0] & workers[1], "two workers must not share a core"
-    assert workers[0] | workers[1] <= rank_cpus
+    require(set(workers) == {0, 1}, f"{len(workers)} of 2 workers printed a report line (allowed: 2): "
+            f"worker_init_fn(cpus, report=True) with --report-workers {task('03', 3)}")
+    shared = workers[0] & workers[1]
+    require(workers[0] and workers[1] and not shared,
+            f"the two workers share {len(shared)} CPUs (allowed: none): give both DataLoaders "
+            f"worker_init_fn=worker_init_fn(cpus) {task('03', 3)}")
+    require(workers[0] | workers[1] <= rank_cpus, f"a worker runs outside its rank's CPUs: use the cpus "
+            f"bind_this_rank returned {task('03', 3)}")
 
 
 def test_an_unknown_binding_mode_is_refused(script_module, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         call_main(script_module, "--out", tmp_path / "out", "--bind", "everywhere")
-    assert exit_info.value.code == 2 and "--bind" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    said = capsys.readouterr().err
+    # "invalid choice" is argparse refusing a value of a known option; a script without --bind says
+    # "unrecognized arguments" instead
+    require(exit_info.value.code == 2 and "--bind" in said and "invalid choice" in said,
+            f"--bind everywhere: {last_error_line(said)} (allowed: argparse's `invalid choice`): add --bind "
+            f"with the choices exclusive, node, core-complex, none {task('03', 3)}")
+    require(not (tmp_path / "out").exists(), f"--bind everywhere left an output folder {task('03', 3)}")
