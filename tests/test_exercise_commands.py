@@ -22,9 +22,12 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
 - A block that fails (or a `fails` block that succeeds) fails the test with one line: the
   README, the block's line, its exit status and its last line of output.
 
-Adding exercise 05: add `"05_ddp": ("fno.py", "solutions/05_ddp/fno.py")` to PARTICIPANT (the
-file its participant edits, and what a finished one is). The whole test is `slow` (about two
-minutes on 2 cores: each block starts Python and imports torch).
+Adding exercise 05: add `"05_ddp": ("fno.py", lambda tmp: REPO / "solutions/05_ddp/fno.py")` to
+PARTICIPANT (the file its participant edits, and what a finished one is). The command test is
+`slow` (one to two minutes for 01-04 on 2 cores: each block starts Python and imports torch).
+
+Also here, quick: each README's task times add up to its `## Tasks (N minutes)` and to its
+slot in INSTRUCTORS.md's agenda (the README's *Optional* tasks are outside the slot).
 """
 from __future__ import annotations
 
@@ -39,7 +42,6 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
 
 
 def finished_stats(folder: Path) -> Path:
@@ -128,6 +130,33 @@ def run_block(text: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
+TASKS = re.compile(r"^## Tasks \((?P<minutes>\d+) minutes\)$", re.M)
+TASK_TIME = re.compile(r"^\d+\. \*\*[^\n]*?(?P<minutes>\d+) min\)", re.M)
+AGENDA_ROW = re.compile(r"^\| (?P<start>\d\d):(?P<start_m>\d\d)–(?P<end>\d\d):(?P<end_m>\d\d) \| [^|]*?\("
+                        r"(?P<slot>\d+) min[^|]*\| (?P<rest>.*)$", re.M)
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_task_times_add_up_to_the_slot(exercise):
+    text = (REPO / "exercises" / exercise / "README.md").read_text()
+    heading = TASKS.search(text)
+    assert heading, f"exercises/{exercise}/README.md has no '## Tasks (N minutes)' heading"
+    section = text[heading.end():]
+    section = section[:min(i for i in (section.find("\nOptional"), section.find("\n## ")) if i >= 0)]
+    times = [int(m.group("minutes")) for m in TASK_TIME.finditer(section)]
+    assert sum(times) == int(heading.group("minutes")), \
+        f"exercises/{exercise}/README.md: the tasks take {' + '.join(map(str, times))} = {sum(times)} min, " \
+        f"the heading says {heading.group('minutes')}"
+    rows = [m for m in AGENDA_ROW.finditer((REPO / "INSTRUCTORS.md").read_text())
+            if f"exercises/{exercise}/README.md" in m.group("rest")]
+    assert len(rows) == 1, f"INSTRUCTORS.md's agenda has {len(rows)} rows for exercise {exercise}"
+    row = rows[0]
+    span = (int(row["end"]) * 60 + int(row["end_m"])) - (int(row["start"]) * 60 + int(row["start_m"]))
+    assert int(row["slot"]) == span == sum(times), \
+        f"exercise {exercise}: agenda slot {row['slot']} min, its time span {span} min, its tasks {sum(times)} min"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_path):
     readme = REPO / "exercises" / exercise / "README.md"
