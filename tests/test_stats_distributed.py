@@ -316,15 +316,19 @@ def test_two_torchrun_agents_as_two_nodes(dataset, serial, tmp_path):
 def test_missing_dataset_fails_on_every_rank_without_output(tmp_path):
     out = tmp_path / "out" / "stats.yaml"
     results = srun_like(tmp_path / "nowhere", out, 2)
-    assert all(rc != 0 for rc, _, _ in results)
-    assert "nowhere" in "".join(err for _, _, err in results) and not out.exists()
-    assert "Traceback" not in "".join(err for _, _, err in results)
+    said = "".join(err for _, _, err in results)
+    require(all(rc != 0 for rc, _, _ in results) and "nowhere" in said and not out.exists()
+            and "Traceback" not in said,
+            f"with a missing dataset {sum(rc == 0 for rc, _, _ in results)} of 2 ranks exited 0 or a traceback was "
+            f"printed (allowed: every rank fails with one line naming the folder): keep the plan inside the "
+            f"`with Watchdog` block and do not catch its errors {task('04', 6)}")
 
 
 def one_line_naming(results, rank: int, world: int) -> str:
     lines = [line for _, _, err in results for line in err.splitlines() if line.endswith(f"stopped all {world} ranks")]
-    assert len(lines) == 1, "expected one line that names the failed rank:\n" + "".join(e for _, _, e in results)
-    assert lines[0].startswith(f"error: rank {rank} "), lines[0]
+    require(len(lines) == 1 and lines[0].startswith(f"error: rank {rank} "),
+            f"{len(lines)} lines say `error: rank {rank} ...; stopped all {world} ranks` (allowed: exactly 1): keep "
+            f"every collective after watchdog.wait_for_all() and do not catch a rank's error {task('04', 6)}")
     return lines[0]
 
 
@@ -337,15 +341,21 @@ def test_a_rank_that_fails_or_dies_stops_every_rank(dataset, tmp_path, inject_di
     results = srun_like(dataset, out, 2, env_extra=injected(inject_dir, STATS_FAIL_MODE=mode, STATS_FAIL_RANK="1"),
                         timeout=90)
     elapsed = time.monotonic() - started
-    assert results[0][0] == 1, results[0][2][-1500:]
+    require(results[0][0] == 1, f"rank 0 exited {results[0][0]} when rank 1 failed (allowed: 1, stopped by the "
+            f"watchdog): {last_error_line(results[0][2])} {task('04', 6)}")
     line = one_line_naming(results, 1, 2)
     if mode == "raise":
-        assert results[1][0] != 0 and "injected read error" in line
-    else:
-        assert results[1][0] == 9 and "stopped responding" in line  # the injected death
-    assert not out.exists() and not list(out.parent.glob(".stats.yaml.*"))
+        require(results[1][0] != 0 and "injected read error" in line,
+                f"rank 1's read error is not in the line that stops the ranks {task('04', 6)}")
+    else:  # the injected death
+        require(results[1][0] == 9 and "stopped responding" in line,
+                f"rank 1 died, but the line does not say it stopped responding {task('04', 6)}")
+    require(not out.exists() and not list(out.parent.glob(".stats.yaml.*")),
+            f"a stats.yaml (or a temporary one) was left after rank 1 failed: rank 0 writes only after every "
+            f"rank finished {task('04', 6)}")
     # process start-up (torch import) on a busy 2-core machine, plus the 10 s of silence that means death
-    assert elapsed < 60
+    require(elapsed < 60, f"the ranks took {elapsed:.0f} s to stop after rank 1 failed (allowed: 60 s) "
+            f"{task('04', 6)}")
 
 
 # What a participant writes into the starter: this test's own answers (equal items, Chan's formula,
