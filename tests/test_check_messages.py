@@ -1,4 +1,4 @@
-"""Each check-your-work failure says what is wrong and names the task that fixes it (issue 20, point 6).
+"""Each check-your-work failure says what is wrong and names the task that fixes it (issue 20, 6).
 
 A participant who runs exercise NN's check on the script of the step before (nothing of the
 exercise done yet) must read, for every failing check, one sentence ending in
@@ -19,7 +19,7 @@ import pytest
 from tests.checks import TASK
 from tests.conftest import REPO
 
-# (check-your-work test file, the unchanged previous step's script, the exercise its tasks belong to)
+# (check-your-work test file, the unchanged previous step's script, the exercise of its tasks)
 CASES = [
     ("tests/test_01_profiling.py", "fno.py", "01"),
     ("tests/test_02_data_pipeline.py", "solutions/01_profiling/fno.py", "02"),
@@ -31,22 +31,27 @@ DUMPS = re.compile(r"tensor\(|array\(|Traceback|^E\s+assert |^E\s+where |\{'|^>\
 SUMMARY = re.compile(r"^(FAILED|ERROR) (?P<test>\S+)(?: - (?P<message>.*))?$", re.M)
 
 
-@pytest.mark.slow  # four pytest runs, each importing torch and running the previous step a few times
+@pytest.mark.slow  # four pytest runs, each importing torch and running the previous step
 @pytest.mark.parametrize("check, previous, exercise", CASES, ids=[case[2] for case in CASES])
 def test_failures_on_the_previous_step_name_their_task(check, previous, exercise):
     env = {k: v for k, v in os.environ.items() if k != "STATS_SCRIPT"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
-                             "-m", "not slow and not gpu", "--show-capture=no", check, "--script", previous],
+                             "-m", "not slow and not gpu", "--show-capture=no", check,
+                             "--script", previous],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     out = result.stdout
-    assert result.returncode == 1, f"{check} on {previous}: expected failures, got exit {result.returncode}:\n{out[-2000:]}"
+    assert result.returncode == 1, (f"{check} on {previous}: expected failures, got exit "
+                                    f"{result.returncode}:\n{out[-2000:]}")
     failed = SUMMARY.findall(out)
     assert failed, f"no FAILED/ERROR lines in:\n{out[-2000:]}"
     # each failure's own section: the text between its header line and the next one
     sections = re.split(r"^_+ .+ _+$", out.split("short test summary info")[0], flags=re.M)[1:]
-    assert len(sections) == len(failed), f"{len(failed)} failures but {len(sections)} sections:\n{out[-2000:]}"
+    assert len(sections) == len(failed), \
+        f"{len(failed)} failures but {len(sections)} sections:\n{out[-2000:]}"
     for section in sections:
-        sentence = "\n".join(line for line in section.strip().splitlines() if not line.startswith("="))
-        assert TASK.search(sentence), f"{check} on {previous}: a failure names no task:\n{sentence[:1500]}"
+        lines = section.strip().splitlines()
+        sentence = "\n".join(line for line in lines if not line.startswith("="))
+        where = f"{check} on {previous}"
+        assert TASK.search(sentence), f"{where}: a failure names no task:\n{sentence[:1500]}"
         assert f"(exercise {exercise}, task" in sentence, sentence[:1500]
-        assert not DUMPS.search(sentence), f"{check} on {previous}: a failure dumps values:\n{sentence[:1500]}"
+        assert not DUMPS.search(sentence), f"{where}: a failure dumps values:\n{sentence[:1500]}"

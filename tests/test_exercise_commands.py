@@ -50,7 +50,7 @@ def finished_stats(folder: Path) -> Path:
     return finished_starter(folder)
 
 
-# exercise folder -> (the participant's file, relative to the repository; how to make a finished one)
+# exercise folder -> (the participant's file in the repository, how to make a finished one)
 PARTICIPANT = {
     "01_profiling": ("fno.py", lambda tmp: REPO / "solutions/01_profiling/fno.py"),
     "02_data_pipeline": ("fno.py", lambda tmp: REPO / "solutions/02_data_pipeline/fno.py"),
@@ -92,18 +92,18 @@ def test_the_convention_is_readable():
     with tempfile.TemporaryDirectory() as folder:
         readme = Path(folder) / "README.md"
         readme.write_text("intro\n```bash\necho a\n```\n1. task\n   <!-- ci: skip (GPU only) -->\n"
-                          "   ```bash\n   nvidia-smi\n   ```\n<!-- ci: fails (break it) -->\n\n```bash\nfalse\n```\n"
-                          "```\nnot bash\n```\n")
+                          "   ```bash\n   nvidia-smi\n   ```\n<!-- ci: fails (break it) -->\n\n"
+                          "```bash\nfalse\n```\n```\nnot bash\n```\n")
         got = [(b["kind"], b["text"]) for b in bash_blocks(readme)]
     assert got == [("run", "echo a\n"), ("skip", "nvidia-smi\n"), ("fails", "false\n")]
 
 
 @pytest.fixture(scope="module")
 def scratch_repo(tmp_path_factory) -> Path:
-    """The repository's files as a clone has them (tracked and new, not ignored), the venv linked."""
+    """The repository as a clone has it (tracked, new, not ignored files), the venv linked."""
     root = tmp_path_factory.mktemp("repo")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")
     for name in filter(None, listed):
         source = REPO / name
         if source.is_file():
@@ -115,14 +115,16 @@ def scratch_repo(tmp_path_factory) -> Path:
 
 def run_block(text: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """One block in a fresh `bash -e -o pipefail`; stray background processes are ended after it."""
-    proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", text], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", text], cwd=cwd, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=BLOCK_TIMEOUT)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        return subprocess.CompletedProcess(proc.args, 124, out + f"\n(timed out after {BLOCK_TIMEOUT} s)")
+        out += f"\n(timed out after {BLOCK_TIMEOUT} s)"
+        return subprocess.CompletedProcess(proc.args, 124, out)
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # a rank a recipe left in the background
     except ProcessLookupError:
@@ -132,8 +134,8 @@ def run_block(text: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
 
 TASKS = re.compile(r"^## Tasks \((?P<minutes>\d+) minutes\)$", re.M)
 TASK_TIME = re.compile(r"^\d+\. \*\*[^\n]*?(?P<minutes>\d+) min\)", re.M)
-AGENDA_ROW = re.compile(r"^\| (?P<start>\d\d):(?P<start_m>\d\d)–(?P<end>\d\d):(?P<end_m>\d\d) \| [^|]*?\("
-                        r"(?P<slot>\d+) min[^|]*\| (?P<rest>.*)$", re.M)
+AGENDA_ROW = re.compile(r"^\| (?P<start>\d\d):(?P<start_m>\d\d)–(?P<end>\d\d):(?P<end_m>\d\d) \| "
+                        r"[^|]*?\((?P<slot>\d+) min[^|]*\| (?P<rest>.*)$", re.M)
 
 
 @pytest.mark.parametrize("exercise", EXERCISES)
@@ -142,18 +144,21 @@ def test_task_times_add_up_to_the_slot(exercise):
     heading = TASKS.search(text)
     assert heading, f"exercises/{exercise}/README.md has no '## Tasks (N minutes)' heading"
     section = text[heading.end():]
-    section = section[:min(i for i in (section.find("\nOptional"), section.find("\n## ")) if i >= 0)]
+    ends = [i for i in (section.find("\nOptional"), section.find("\n## ")) if i >= 0]
+    section = section[:min(ends)]
     times = [int(m.group("minutes")) for m in TASK_TIME.finditer(section)]
-    assert sum(times) == int(heading.group("minutes")), \
-        f"exercises/{exercise}/README.md: the tasks take {' + '.join(map(str, times))} = {sum(times)} min, " \
-        f"the heading says {heading.group('minutes')}"
+    assert sum(times) == int(heading.group("minutes")), (
+        f"exercises/{exercise}/README.md: the tasks take {' + '.join(map(str, times))} = "
+        f"{sum(times)} min, the heading says {heading.group('minutes')}")
     rows = [m for m in AGENDA_ROW.finditer((REPO / "INSTRUCTORS.md").read_text())
             if f"exercises/{exercise}/README.md" in m.group("rest")]
     assert len(rows) == 1, f"INSTRUCTORS.md's agenda has {len(rows)} rows for exercise {exercise}"
     row = rows[0]
-    span = (int(row["end"]) * 60 + int(row["end_m"])) - (int(row["start"]) * 60 + int(row["start_m"]))
-    assert int(row["slot"]) == span == sum(times), \
-        f"exercise {exercise}: agenda slot {row['slot']} min, its time span {span} min, its tasks {sum(times)} min"
+    span = (int(row["end"]) * 60 + int(row["end_m"])) - (int(row["start"]) * 60
+                                                           + int(row["start_m"]))
+    assert int(row["slot"]) == span == sum(times), (
+        f"exercise {exercise}: agenda slot {row['slot']} min, its time span {span} min, "
+        f"its tasks {sum(times)} min")
 
 
 @pytest.mark.slow
@@ -167,9 +172,10 @@ def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_pa
     shutil.copy2(finished(tmp_path), scratch_repo / own)
     shutil.rmtree(scratch_repo / "runs", ignore_errors=True)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_",
-                                "TORCHELASTIC", "STATS_"))}
-    env.update(WELL_DATA=str(tiny_data_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+           if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                "MASTER_", "TORCHELASTIC", "STATS_"))}
+    env.update(WELL_DATA=str(tiny_data_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               MPLBACKEND="Agg")
     for block in blocks:
         if block["kind"] == "skip":
             continue

@@ -31,19 +31,24 @@ def float32_one_pass() -> None:
     t64 = t.double()
     var64 = (t64 * t64).mean() - t64.mean() ** 2  # the same formula in float64: better, not right
     _, std = two_pass(x)
-    print(f"   float32 E[x^2]-E[x]^2: variance {float(var32):+.6g} -> std {np.sqrt(max(float(var32), 0)):.6g}"
+    std32 = np.sqrt(max(float(var32), 0))
+    print(f"   float32 E[x^2]-E[x]^2: variance {float(var32):+.6g} -> std {std32:.6g}"
           f"{'  (negative variance!)' if var32 < 0 else ''}")
     print(f"   float64 E[x^2]-E[x]^2: std {np.sqrt(float(var64)):.12f}")
-    print(f"   float64 two-pass     : std {std:.12f}   <- right (relative error of the float64 one-pass: "
+    print(f"   float64 two-pass     : std {std:.12f}   <- right "
+          f"(relative error of the float64 one-pass: "
           f"{abs(np.sqrt(float(var64)) - std) / std:.1e})")
 
 
 def padded_round_robin() -> None:
-    print("2. DistributedSampler pads 10 samples to 12 for 4 ranks (round-robin); gather; keep the first 10")
+    print("2. DistributedSampler pads 10 samples to 12 for 4 ranks (round-robin); gather; "
+          "keep the first 10")
     n, world = 10, 4
     dataset = list(range(n))
-    per_rank = [list(DistributedSampler(dataset, num_replicas=world, rank=r, shuffle=False)) for r in range(world)]
-    gathered = [i for rank_indices in per_rank for i in rank_indices]  # all_gather concatenates rank by rank
+    per_rank = [list(DistributedSampler(dataset, num_replicas=world, rank=r, shuffle=False))
+                for r in range(world)]
+    # all_gather concatenates rank by rank
+    gathered = [i for rank_indices in per_rank for i in rank_indices]
     kept = gathered[:n]
     counts = np.bincount(kept, minlength=n)
     print(f"   rank shares {per_rank}")
@@ -51,7 +56,8 @@ def padded_round_robin() -> None:
     print(f"   counted twice: {np.flatnonzero(counts == 2).tolist()}, never counted: "
           f"{np.flatnonzero(counts == 0).tolist()}")
     sample_means = np.arange(n, dtype=np.float64) ** 2  # samples differ, as trajectories do
-    print(f"   mean over samples: wrong {sample_means[kept].mean():.4f}, right {sample_means.mean():.4f}")
+    print(f"   mean over samples: wrong {sample_means[kept].mean():.4f}, "
+          f"right {sample_means.mean():.4f}")
 
 
 def mean_of_means() -> None:
@@ -61,7 +67,8 @@ def mean_of_means() -> None:
     batches = [np.concatenate(samples[i:i + 4]) for i in range(0, 10, 4)]
     everything = np.concatenate(samples)
     mean, std = two_pass(everything)
-    print(f"   mean: mean of batch means {np.mean([b.mean() for b in batches]):.4f}, right {mean:.4f}")
+    batch_means = np.mean([b.mean() for b in batches])
+    print(f"   mean: mean of batch means {batch_means:.4f}, right {mean:.4f}")
     ranks = [np.concatenate(samples[r::2]) for r in range(2)]
     print(f"   std : mean of 2 ranks' stds {np.mean([r.std() for r in ranks]):.4f}, "
           f"mean of sample stds {np.mean([s.std() for s in samples]):.4f}, right {std:.4f}")

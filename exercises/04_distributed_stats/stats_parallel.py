@@ -1,9 +1,9 @@
 """Exercise 04 starter: make the serial stats.py parallel with torch.distributed (see README.md).
 
-    .venv/bin/python exercises/04_distributed_stats/stats_parallel.py DATASET_DIR --out FILE    # one process
-    .venv/bin/torchrun --standalone --nproc_per_node=3 exercises/04_distributed_stats/stats_parallel.py \
-        DATASET_DIR --out FILE
-    srun --ntasks=3 .venv/bin/python exercises/04_distributed_stats/stats_parallel.py DATASET_DIR --out FILE
+    cp exercises/04_distributed_stats/stats_parallel.py my_stats.py      # your own file
+    .venv/bin/python my_stats.py DATASET_DIR --out FILE                      # one process
+    .venv/bin/torchrun --standalone --nproc_per_node=3 my_stats.py DATASET_DIR --out FILE
+    srun --ntasks=3 .venv/bin/python my_stats.py DATASET_DIR --out FILE
 
 The launcher plumbing is done: rank and world size from torchrun or srun, the process group
 (gloo: statistics are CPU work), and a watchdog that ends every rank when one fails. Reading an
@@ -27,8 +27,8 @@ import torch.distributed as dist
 from wellfno.cli import UserError, run_main
 from wellfno.device import BACKEND_CHOICES, pick_backend
 from wellfno.launch import launch_environment
-from wellfno.stats import (CHUNK_BYTES, plan_dataset, reduce_range, stats_from_moments, stats_output,
-                           write_stats_yaml)
+from wellfno.stats import (CHUNK_BYTES, plan_dataset, reduce_range, stats_from_moments,
+                           stats_output, write_stats_yaml)
 from wellfno.watchdog import Watchdog
 
 
@@ -59,7 +59,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="output file (default: DATASET_DIR/stats.yaml)")
     parser.add_argument("--split", default="train", help="split to summarize (default: train)")
     parser.add_argument("--chunk-mb", type=float, default=CHUNK_BYTES / 2**20,
-                        help="MiB of one field read at a time (default: %(default)s); as stats.py's")
+                        help="MiB of one field read at a time (default: %(default)s), "
+                             "as stats.py's")
     parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                         help="auto: gloo (statistics are CPU work); nccl only when asked")
     parser.add_argument("--timeout", type=float, default=300.0,
