@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import wellfno.stats as S
+from wellfno.cli import UserError
 from wellfno.wellformat import write_well_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,3 +256,19 @@ def test_bad_paths_are_one_line_before_any_reading(dataset, tmp_path, script):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_says_equal_bitwise_or_not(tmp_path, capsys):
+    """`python -m wellfno.stats compare` (exercise 04, task 5): the verdict and the exit status."""
+    a, b, c = tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "c.yaml"
+    a.write_text("u:\n  mean: 1.0\n  std: 2.0\n")
+    b.write_text("u:\n  mean: 1.0000000000001\n  std: 2.0\n")   # 1e-13 relative: equal, not bitwise
+    c.write_text("u:\n  mean: 1.001\n  std: 2.0\n")
+    assert S.compare_main(["compare", str(a), str(a)]) == 0
+    assert "equal; bitwise identical: yes" in capsys.readouterr().out
+    assert S.compare_main(["compare", str(a), str(b)]) == 0
+    assert "equal; bitwise identical: no" in capsys.readouterr().out
+    assert S.compare_main(["compare", str(a), str(c)]) == 1
+    assert "NOT equal" in capsys.readouterr().out
+    with pytest.raises(UserError, match="does not exist"):
+        S.compare_main(["compare", str(a), str(tmp_path / "missing.yaml")])

@@ -495,7 +495,11 @@ def compare_main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             raise UserError(f"{path} does not exist: run the command that writes it first")
         loaded.append(yaml.safe_load(path.read_text()))
-    difference = max_relative_difference(*loaded)
+    try:
+        difference = max_relative_difference(*loaded)
+    except (ValueError, TypeError, AttributeError) as err:  # not two stats.yaml of one dataset
+        raise UserError(f"{args.other} and {args.reference} are not statistics of the same fields: "
+                        f"{str(err)[:200]}") from None
     bitwise = args.reference.read_bytes() == args.other.read_bytes()
     verdict = "equal" if difference <= args.allowed else "NOT equal"
     print(f"{args.other} vs {args.reference}: max relative difference {difference:.1e} "
