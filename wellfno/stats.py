@@ -503,7 +503,8 @@ def compare_main(argv: list[str] | None = None) -> int:
     bitwise = args.reference.read_bytes() == args.other.read_bytes()
     verdict = "equal" if difference <= args.allowed else "NOT equal"
     print(f"{args.other} vs {args.reference}: max relative difference {difference:.1e} "
-          f"(allowed {args.allowed:.0e}): {verdict}; bitwise identical: {'yes' if bitwise else 'no'}")
+          f"(allowed {args.allowed:.0e}): {verdict}; "
+          f"bitwise identical: {'yes' if bitwise else 'no'}")
     return 0 if difference <= args.allowed else 1
 
 
