@@ -27,7 +27,8 @@ PARTICIPANT (the file its participant edits, and what a finished one is). The co
 `slow` (one to two minutes for 01-04 on 2 cores: each block starts Python and imports torch).
 
 Also here, quick: each README's task times add up to its `## Tasks (N minutes)` and to its
-slot in INSTRUCTORS.md's agenda (the README's *Optional* tasks are outside the slot).
+slot in INSTRUCTORS.md: the core track's row (slot and time of day) or the optional steps'
+table (the README's *Optional* tasks are outside the slot).
 """
 from __future__ import annotations
 
@@ -150,8 +151,14 @@ def test_task_times_add_up_to_the_slot(exercise):
     assert sum(times) == int(heading.group("minutes")), (
         f"exercises/{exercise}/README.md: the tasks take {' + '.join(map(str, times))} = "
         f"{sum(times)} min, the heading says {heading.group('minutes')}")
-    rows = [m for m in AGENDA_ROW.finditer((REPO / "INSTRUCTORS.md").read_text())
-            if f"exercises/{exercise}/README.md" in m.group("rest")]
+    agenda = (REPO / "INSTRUCTORS.md").read_text()
+    optional = re.search(rf"^\| \[[^\]]*\]\(exercises/{exercise}/README\.md\)[^|]*\| (\d+) min \|",
+                         agenda, re.M)
+    if optional:  # an optional step: its slot in the optional steps' table, no time of day
+        assert int(optional.group(1)) == sum(times), \
+            f"exercise {exercise}: optional slot {optional.group(1)} min, its tasks {sum(times)} min"
+        return
+    rows = [m for m in AGENDA_ROW.finditer(agenda) if f"exercises/{exercise}/README.md" in m.group("rest")]
     assert len(rows) == 1, f"INSTRUCTORS.md's agenda has {len(rows)} rows for exercise {exercise}"
     row = rows[0]
     span = (int(row["end"]) * 60 + int(row["end_m"])) - (int(row["start"]) * 60
