@@ -155,10 +155,12 @@ def test_task_times_add_up_to_the_slot(exercise):
     optional = re.search(rf"^\| \[[^\]]*\]\(exercises/{exercise}/README\.md\)[^|]*\| (\d+) min \|",
                          agenda, re.M)
     if optional:  # an optional step: its slot in the optional steps' table, no time of day
-        assert int(optional.group(1)) == sum(times), \
-            f"exercise {exercise}: optional slot {optional.group(1)} min, its tasks {sum(times)} min"
+        assert int(optional.group(1)) == sum(times), (
+            f"exercise {exercise}: optional slot {optional.group(1)} min, "
+            f"its tasks {sum(times)} min")
         return
-    rows = [m for m in AGENDA_ROW.finditer(agenda) if f"exercises/{exercise}/README.md" in m.group("rest")]
+    link = f"exercises/{exercise}/README.md"
+    rows = [m for m in AGENDA_ROW.finditer(agenda) if link in m.group("rest")]
     assert len(rows) == 1, f"INSTRUCTORS.md's agenda has {len(rows)} rows for exercise {exercise}"
     row = rows[0]
     span = (int(row["end"]) * 60 + int(row["end_m"])) - (int(row["start"]) * 60
