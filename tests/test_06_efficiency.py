@@ -91,6 +91,27 @@ def test_gpu_names_find_their_datasheet_row(monkeypatch, name, row):
     assert peak.source == flops.GPU_PEAKS[row]["source"] and peak.flops["bf16"] == flops.GPU_PEAKS[row]["bf16"]
 
 
+# Device names as torch.cuda.get_device_name() gives them. NVIDIA: nvidia-smi's names ("NVIDIA RTX
+# A1000" is the workstation card, https://www.nvidia.com/en-us/design-visualization/rtx-a1000/, and
+# "... Laptop GPU" its mobile one). AMD: ROCm's marketing names, "AMD Instinct MI250X/MI250" as
+# torch's collect_env prints it on gfx90a nodes and as ray's AMD product table lists PCI id 0x740c
+# (https://github.com/ray-project/ray/blob/master/python/ray/_private/accelerators/amd_gpu.py).
+@pytest.mark.parametrize("name, row", [
+    ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"),
+    ("NVIDIA RTX A1000", None), ("NVIDIA RTX A1000 Laptop GPU", None), ("NVIDIA RTX A1000 6GB Laptop GPU", None),
+    ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA H100 NVL", "H100 NVL"),
+    ("AMD Instinct MI250X/MI250", "MI250X (one GCD)"), ("AMD Instinct MI250", None),
+])
+def test_gpu_names_match_whole_model_numbers(monkeypatch, name, row):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak = flops.device_peak(torch.device("cuda"))
+    if row is None:
+        assert peak.flops == {} and "GPU_PEAKS" in peak.source, f"{name} taken for {peak.name}"
+    else:
+        assert peak.name == f"{name} ({row})" and peak.source == flops.GPU_PEAKS[row]["source"]
+
+
 def test_unknown_gpu_has_no_mfu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
     peak = flops.device_peak(torch.device("cuda"))
