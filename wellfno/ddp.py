@@ -127,10 +127,11 @@ def verdict_line(check: dict) -> str:
     """The day-0 report's one line: does plain DDP average complex gradients right on this node?"""
     if not check.get("ran"):
         return f"complex gradients under DDP: not checked ({check.get('why', 'not run')})"
+    if "summary" not in check:
+        return f"complex gradients under DDP: the check did not finish ({check.get('backend', '?')}): " \
+               f"{check.get('why', 'no result')}"
     where = f"{check['library']}, {check['world_size']} ranks x {check['batch']} " \
             f"vs 1 rank x {check['world_size'] * check['batch']}"
-    if "summary" not in check:
-        return f"complex gradients under DDP: the check failed to run on {where}: {check.get('why', '')}"
     plain, hook = check["summary"]["plain"], check["summary"]["hook"]
     if plain["ok"]:
         return f"complex gradients under DDP: plain DDP averages them right on this node ({where}: " \
