@@ -96,13 +96,22 @@ def test_gpu_names_find_their_datasheet_row(monkeypatch, name, row):
 # "... Laptop GPU" its mobile one). AMD: ROCm's marketing names, "AMD Instinct MI250X/MI250" as
 # torch's collect_env prints it on gfx90a nodes and as ray's AMD product table lists PCI id 0x740c
 # (https://github.com/ray-project/ray/blob/master/python/ray/_private/accelerators/amd_gpu.py).
-@pytest.mark.parametrize("name, row", [
-    ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"),
-    ("NVIDIA RTX A1000", None), ("NVIDIA RTX A1000 Laptop GPU", None), ("NVIDIA RTX A1000 6GB Laptop GPU", None),
-    ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA GH200 480GB", None),
-    ("NVIDIA H100 NVL", "H100 NVL"),
-    ("AMD Instinct MI250X/MI250", "MI250X (one GCD)"), ("AMD Instinct MI250", None),
-])
+@pytest.mark.parametrize(
+    "name, row",
+    [
+        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA RTX A1000", None),
+        ("NVIDIA RTX A1000 Laptop GPU", None),
+        ("NVIDIA RTX A1000 6GB Laptop GPU", None),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("AMD Instinct MI250X/MI250", "MI250X (one GCD)"),
+        ("AMD Instinct MI250", None),
+    ],
+)
 def test_gpu_names_match_whole_model_numbers(monkeypatch, name, row):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     peak = flops.device_peak(torch.device("cuda"))
@@ -277,7 +286,7 @@ def test_slurm_efficiency_job_writes_its_table(slurm_cluster, slurm_data, tmp_pa
     assert "no vendor profiler run" in job.out.read_text()
 
 
-# -- drift from 05 fixed in 06 (issue 18, "Why" 4 and 5) ----------------------------------------------
+# -- drift from 05 fixed in 06 (issue 18, "Why" 4 and 5) ------------------------------------------
 
 
 def test_docstring_shows_only_this_script(script):
@@ -302,25 +311,36 @@ def test_amp_check_needs_no_torch_2_4_api(script_module, monkeypatch):
 
     def no_autocast(device_type, *args, **kwargs):  # what torch.autocast does for an unknown device
         raise RuntimeError(f"User specified an unsupported autocast device_type '{device_type}'")
+
     monkeypatch.setattr(torch, "autocast", no_autocast)
-    with pytest.raises(script_module.UserError, match="--amp bf16: torch has no bf16 autocast for cpu"):
+    with pytest.raises(
+        script_module.UserError, match="--amp bf16: torch has no bf16 autocast for cpu"
+    ):
         script_module.check_amp("bf16", torch.device("cpu"))
 
 
 def _fake_triton(monkeypatch):
-    """importlib finds a `triton` package (a GPU build of torch ships one; this CPU wheel lacks it)."""
+    """importlib finds a `triton` package (GPU builds of torch ship one; this CPU wheel not)."""
     import importlib.machinery
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(
-        name, None) if name == "triton" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (
+            importlib.machinery.ModuleSpec(name, None) if name == "triton" else real(name, *a)
+        ),
+    )
 
 
-def test_compile_on_a_gpu_without_a_host_c_compiler_is_one_line(script_module, monkeypatch, tmp_path):
-    """Triton compiles its launchers with $CC, gcc or clang (triton/runtime/build.py) and fails at the
-    first kernel without one. check_compiler's GPU branch is called with a cuda device (no GPU is
-    touched), a Triton import that resolves, and a PATH without any C compiler; then with one."""
+def test_compile_on_a_gpu_without_a_host_c_compiler_is_one_line(
+    script_module, monkeypatch, tmp_path
+):
+    """Triton compiles its launchers with $CC, gcc or clang (triton/runtime/build.py), and fails
+    at the first kernel without one. check_compiler's GPU branch is called with a cuda device (no
+    GPU is touched), a Triton import that resolves, and a PATH without any C compiler; then with
+    one."""
     _fake_triton(monkeypatch)
     empty, tools = tmp_path / "empty", tmp_path / "tools"
     empty.mkdir()
@@ -344,34 +364,77 @@ def test_compile_on_a_gpu_without_a_host_c_compiler_is_one_line(script_module, m
     script_module.check_compiler(gpu)  # gcc found: no error
 
 
-def test_profile_table_key_and_peak_memory_reset(script_module, tiny_data_dir, tmp_path, monkeypatch):
+def test_profile_table_key_and_peak_memory_reset(
+    script_module, tiny_data_dir, tmp_path, monkeypatch
+):
     """Two GPU-only defects checked through what the script calls, on the CPU:
     - the profile table's sort key comes from profiling.traces.key_averages_sort_key (torch 2.3
-      names it self_cuda_time_total; a hard-coded self_device_time_total crashes there after training);
+      names it self_cuda_time_total; a hard-coded self_device_time_total crashes there after
+      training);
     - the peak-memory count restarts after the float32 FLOP-count pass and before training, or a
       GPU's max_memory_allocated reports that pass instead of what bf16 training needs. CPU max RSS
       cannot be reset, so the effect itself is a GPU test (tests/test_gpu.py)."""
     from profiling import traces
 
     events = []
-    count, key, train = flops.training_flops_per_sample, traces.key_averages_sort_key, script_module.train_one_epoch
-    monkeypatch.setattr(flops, "training_flops_per_sample", lambda *a, **k: events.append("count") or count(*a, **k))
-    monkeypatch.setattr(script_module, "reset_peak_memory", lambda device: events.append(("reset", device.type)))
-    monkeypatch.setattr(script_module, "train_one_epoch", lambda *a, **k: events.append("train") or train(*a, **k))
-    monkeypatch.setattr(traces, "key_averages_sort_key", lambda device: events.append(("key", device.type)) or
-                        key(device))
-    call_main(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "prof", "--epochs", "1",
-              "--batch-size", "1", "--bind", "none", "--profile", "--max-steps", "7")
+    count, key, train = (
+        flops.training_flops_per_sample,
+        traces.key_averages_sort_key,
+        script_module.train_one_epoch,
+    )
+    monkeypatch.setattr(
+        flops, "training_flops_per_sample", lambda *a, **k: events.append("count") or count(*a, **k)
+    )
+    monkeypatch.setattr(
+        script_module, "reset_peak_memory", lambda device: events.append(("reset", device.type))
+    )
+    monkeypatch.setattr(
+        script_module, "train_one_epoch", lambda *a, **k: events.append("train") or train(*a, **k)
+    )
+    monkeypatch.setattr(
+        traces,
+        "key_averages_sort_key",
+        lambda device: events.append(("key", device.type)) or key(device),
+    )
+    call_main(
+        script_module,
+        "--data-dir",
+        tiny_data_dir,
+        "--out",
+        tmp_path / "prof",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "1",
+        "--bind",
+        "none",
+        "--profile",
+        "--max-steps",
+        "7",
+    )
     assert events == ["count", ("reset", "cpu"), "train", ("key", "cpu")], events
 
 
 @pytest.mark.slow
 def test_memory_line_from_rank_0_only(script, tiny_data_dir, tmp_path):
-    """The job speaks with one voice: the memory estimate is printed by rank 0, as in solution 05."""
+    """The job speaks with one voice: rank 0 prints the memory estimate, as in solution 05."""
     from tests.test_05_ddp import SMALL, assert_ok, launch
 
-    results = launch(script, 2, "--data-dir", tiny_data_dir, "--out", tmp_path, "--epochs", "1",
-                     "--max-steps", "1", "--batch-size", "2", *SMALL)
+    results = launch(
+        script,
+        2,
+        "--data-dir",
+        tiny_data_dir,
+        "--out",
+        tmp_path,
+        "--epochs",
+        "1",
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "2",
+        *SMALL,
+    )
     assert_ok(results)
     said = [out.count("a training step needs about") for _, out, _ in results]
     assert said == [1, 0], said

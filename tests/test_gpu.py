@@ -128,8 +128,10 @@ def test_gpu_nccl_statistics_with_two_ranks_equal_serial(tiny_dataset_dir, tmp_p
 # --------------------------------------------------------------------------- 05 and 06 on the GPU
 # The day-0 job (wellfno.gpucheck node) runs the programs behind the first tests itself and leaves
 # them out of its `pytest -m gpu` (gpucheck.COVERED_BY_NODE_STEP); here they run on their own.
-TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2,
-                              reason="needs 2 visible GPUs (DDP over nccl/RCCL: 2 ranks x b vs 1 rank x 2b)")
+TWO_GPUS = pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="needs 2 visible GPUs (DDP over nccl/RCCL: 2 ranks x b vs 1 rank x 2b)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +147,8 @@ def nccl_check(tmp_path_factory):
 @pytest.mark.parametrize("variant", ["plain", "hook"])
 def test_gpu_complex_gradients_two_ranks_equal_one_rank(nccl_check, variant):
     """One step of the real FNO over nccl/RCCL, 2 ranks x 4 vs 1 rank x 8: every parameter's
-    gradient and value after the step, real and imaginary parts, within 1e-5 (pytorch/pytorch#158753:
+    gradient and value after the step, real and imaginary parts, within 1e-5
+    (pytorch/pytorch#158753:
     DDP may lose the imaginary part). `plain` is DDP as solution 05 runs it, `hook` with
     wellfno.ddp.complex_as_real_allreduce_hook."""
     from tests.test_ddp_complex import assert_close_parts
@@ -157,7 +160,9 @@ def test_gpu_complex_gradients_two_ranks_equal_one_rank(nccl_check, variant):
     for rank in (0, 1):
         held = torch.load(out / f"rank{rank}.pt", weights_only=True)[variant]
         for what in ("grad", "param"):
-            assert_close_parts(held[what], reference[what], f"rank {rank}, {variant} DDP over nccl, {what}")
+            assert_close_parts(
+                held[what], reference[what], f"rank {rank}, {variant} DDP over nccl, {what}"
+            )
 
 
 @TWO_GPUS
@@ -169,7 +174,9 @@ def test_gpu_nccl_transport_is_reported(nccl_check):
     found = rec["transport"]
     assert found["kinds"], "no 'NCCL INFO Channel ... via ...' line in the NCCL_DEBUG=INFO output"
     assert set(found["kinds"]) <= {"P2P", "SHM", "NET"}, found
-    assert gpucheck.transport_line(found).startswith("NCCL/RCCL transport between this node's GPUs: ")
+    assert gpucheck.transport_line(found).startswith(
+        "NCCL/RCCL transport between this node's GPUs: "
+    )
 
 
 @TWO_GPUS
@@ -180,20 +187,62 @@ def test_gpu_05_two_ranks_over_nccl_equal_one_rank(tiny_data_dir, tmp_path):
     from tests.test_ddp_complex import assert_close_parts
 
     script = STEPS["05_ddp"]
-    common = ["--data-dir", str(tiny_data_dir), "--epochs", "1", "--max-steps", "1", "--n-steps-input", "10",
-              "--bind", "none", "--seed", "3", "--device", "cuda"]
+    common = [
+        "--data-dir",
+        str(tiny_data_dir),
+        "--epochs",
+        "1",
+        "--max-steps",
+        "1",
+        "--n-steps-input",
+        "10",
+        "--bind",
+        "none",
+        "--seed",
+        "3",
+        "--device",
+        "cuda",
+    ]
     r = run_script(script, *common, "--out", tmp_path / "one", "--batch-size", "4", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        script, *common, "--out", str(tmp_path / "two"), "--batch-size", "2", "--backend", "nccl"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            script,
+            *common,
+            "--out",
+            str(tmp_path / "two"),
+            "--batch-size",
+            "2",
+            "--backend",
+            "nccl",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     assert "nccl backend, cuda" in r.stdout
-    one, two = (torch.load(tmp_path / d / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
-                for d in ("one", "two"))
+    one, two = (
+        torch.load(tmp_path / d / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+        for d in ("one", "two")
+    )
     floating = {k: v for k, v in one.items() if v.is_floating_point() or v.is_complex()}
-    assert_close_parts({k: two[k] for k in floating}, floating, "05 over nccl, 2 ranks x 2 vs 1 rank x 4")
+    assert_close_parts(
+        {k: two[k] for k in floating}, floating, "05 over nccl, 2 ranks x 2 vs 1 rank x 4"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -201,12 +250,15 @@ def step_06_runs(tmp_path_factory):
     """Solution 06 on the GPU: float32, --amp bf16, --compile (the day-0 job's runs)."""
     from wellfno import gpucheck
 
-    return gpucheck.run_06_on_gpu(torch, tmp_path_factory.mktemp("step_06"), REPO, timeout=540)["runs"]
+    return gpucheck.run_06_on_gpu(torch, tmp_path_factory.mktemp("step_06"), REPO, timeout=540)[
+        "runs"
+    ]
 
 
 @pytest.mark.parametrize("name", ["bf16", "compile"])
 def test_gpu_06_low_precision_and_compile_track_float32(step_06_runs, name):
-    """The losses of 5 steps track float32's within the CPU tests' tolerance (tests/test_06_efficiency.py:
+    """The losses of 5 steps track float32's within the CPU tests' tolerance
+    (tests/test_06_efficiency.py:
     bf16 1e-3, compile 1e-4 relative); bf16 must also differ, or autocast did nothing."""
     from wellfno.gpucheck import LOSS_TOLERANCE
 
@@ -231,9 +283,24 @@ def test_gpu_06_peak_memory_is_training_not_the_flop_count(tiny_data_dir, tmp_pa
     peaks = {}
     for batch in (64, 256):
         out = tmp_path / f"b{batch}"
-        r = run_script(STEP_SCRIPTS["peak_memory"], "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
-                       "--max-steps", "1", "--batch-size", str(batch), "--bind", "none", "--device", "cuda",
-                       timeout=600)
+        r = run_script(
+            STEP_SCRIPTS["peak_memory"],
+            "--data-dir",
+            tiny_data_dir,
+            "--out",
+            out,
+            "--epochs",
+            "1",
+            "--max-steps",
+            "1",
+            "--batch-size",
+            str(batch),
+            "--bind",
+            "none",
+            "--device",
+            "cuda",
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["history"][0]["steps"] == 1 and metrics["peak_memory_of"] == "device"

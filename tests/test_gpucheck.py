@@ -155,13 +155,20 @@ g1072:1263986:1264008 [1] NCCL INFO Connected all rings comm 0xa5bff40 nRanks 08
 """  # https://github.com/ROCm/rccl/issues/1026
 
 
-@pytest.mark.parametrize("text,kinds,transports", [
-    (NCCL_LINES, {"P2P": 2, "NET": 1}, {"P2P/IPC/read": 2, "NET/Socket/3": 1}),
-    (NCCL_OLD_LINES, {"P2P": 1, "NET": 1}, {"P2P/direct pointer": 1, "NET/IB/0/GDRDMA": 1}),
-    (NCCL_SHM_LINES, {"SHM": 2, "NET": 1}, {"SHM/direct/direct": 2, "NET/Socket/0": 1}),
-    (RCCL_LINES, {"P2P": 1, "NET": 1}, {"P2P/IPC": 1, "NET/Socket/1": 1}),
-    ("NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\nNCCL INFO cudaDriverVersion 12040\n", {}, {}),
-])
+@pytest.mark.parametrize(
+    "text,kinds,transports",
+    [
+        (NCCL_LINES, {"P2P": 2, "NET": 1}, {"P2P/IPC/read": 2, "NET/Socket/3": 1}),
+        (NCCL_OLD_LINES, {"P2P": 1, "NET": 1}, {"P2P/direct pointer": 1, "NET/IB/0/GDRDMA": 1}),
+        (NCCL_SHM_LINES, {"SHM": 2, "NET": 1}, {"SHM/direct/direct": 2, "NET/Socket/0": 1}),
+        (RCCL_LINES, {"P2P": 1, "NET": 1}, {"P2P/IPC": 1, "NET/Socket/1": 1}),
+        (
+            "NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\nNCCL INFO cudaDriverVersion 12040\n",
+            {},
+            {},
+        ),
+    ],
+)
 def test_nccl_transports_from_recorded_info_lines(text, kinds, transports):
     found = gpucheck.nccl_transports(text)
     assert found == {"kinds": kinds, "transports": transports}
@@ -169,40 +176,93 @@ def test_nccl_transports_from_recorded_info_lines(text, kinds, transports):
 
 def test_transport_line_names_each_kind_and_warns_of_net_between_gpus():
     line = gpucheck.transport_line({"ran": True, **gpucheck.nccl_transports(RCCL_LINES)})
-    assert "P2P (GPU to GPU" in line and "NET (through the network stack): 1" in line and "P2P/IPC" in line
+    assert (
+        "P2P (GPU to GPU" in line
+        and "NET (through the network stack): 1" in line
+        and "P2P/IPC" in line
+    )
     assert "cannot reach each other directly" in line
-    p2p_only = gpucheck.transport_line({"ran": True, **gpucheck.nccl_transports(NCCL_LINES.splitlines()[0])})
+    p2p_only = gpucheck.transport_line(
+        {"ran": True, **gpucheck.nccl_transports(NCCL_LINES.splitlines()[0])}
+    )
     assert "P2P" in p2p_only and "NET" not in p2p_only
     assert gpucheck.transport_line({"ran": False, "why": "needs 2 GPUs, torch sees 1"}).endswith(
-        "not seen (needs 2 GPUs, torch sees 1)")
+        "not seen (needs 2 GPUs, torch sees 1)"
+    )
 
 
 def _complex(plain_ok=True, hook_ok=True):
-    entry = lambda ok: {"ok": ok, "grad": {"parameter": "fno.fno_blocks.convs.0.weight.tensor", "part": "imag",
-                                           "relative_difference": 1e-7 if ok else 1.0},
-                        "param": {"parameter": "p", "part": "real", "relative_difference": 1e-7}}
-    return {"ran": True, "backend": "nccl", "library": "NCCL 2.21.5", "world_size": 2, "batch": 4,
-            "tolerance": 1e-5, "summary": {"plain": entry(plain_ok), "hook": entry(hook_ok)}}
+    entry = lambda ok: {
+        "ok": ok,
+        "grad": {
+            "parameter": "fno.fno_blocks.convs.0.weight.tensor",
+            "part": "imag",
+            "relative_difference": 1e-7 if ok else 1.0,
+        },
+        "param": {"parameter": "p", "part": "real", "relative_difference": 1e-7},
+    }
+    return {
+        "ran": True,
+        "backend": "nccl",
+        "library": "NCCL 2.21.5",
+        "world_size": 2,
+        "batch": 4,
+        "tolerance": 1e-5,
+        "summary": {"plain": entry(plain_ok), "hook": entry(hook_ok)},
+    }
 
 
 def _step_06(bf16_off=1e-5, compile_off=1e-6, bf16_missing=False):
-    run = lambda off, tol: {"ok": off < tol, "losses": [1.0] * 5, "peak_memory_bytes": 3 * 2**20,
-                            "max_relative_loss_difference": off, "tolerance": tol}
-    bf16 = {"ok": False, "why": "error: --amp bf16: Tesla V100 has no bfloat16 units: use --amp fp16",
-            "not_supported": True} if bf16_missing else run(bf16_off, 1e-3)
-    return {"ran": True, "runs": {"float32": {"ok": True, "losses": [1.0] * 5, "peak_memory_bytes": 4 * 2**20},
-                                  "bf16": bf16, "compile": run(compile_off, 1e-4)}}
+    run = lambda off, tol: {
+        "ok": off < tol,
+        "losses": [1.0] * 5,
+        "peak_memory_bytes": 3 * 2**20,
+        "max_relative_loss_difference": off,
+        "tolerance": tol,
+    }
+    bf16 = (
+        {
+            "ok": False,
+            "why": "error: --amp bf16: Tesla V100 has no bfloat16 units: use --amp fp16",
+            "not_supported": True,
+        }
+        if bf16_missing
+        else run(bf16_off, 1e-3)
+    )
+    return {
+        "ran": True,
+        "runs": {
+            "float32": {"ok": True, "losses": [1.0] * 5, "peak_memory_bytes": 4 * 2**20},
+            "bf16": bf16,
+            "compile": run(compile_off, 1e-4),
+        },
+    }
 
 
-@pytest.mark.parametrize("extra,status,needle", [
-    ({"complex_ddp": _complex(), "step_06": _step_06()}, "PASS", None),
-    ({"complex_ddp": _complex(plain_ok=False)}, "FAIL", "plain DDP does NOT average them right"),
-    ({"complex_ddp": _complex(False, False)}, "FAIL", "neither plain DDP nor"),
-    ({"complex_ddp": {"ran": True, "backend": "nccl", "why": "exit 1: NCCL error"}}, "FAIL", "did not finish"),
-    ({"complex_ddp": {"ran": False, "why": "needs 2 GPUs, torch sees 1"}}, "PASS", None),
-    ({"step_06": _step_06(bf16_off=5e-3)}, "FAIL", "(bf16): loss off float32 by 5.0e-03 relative > 0.001"),
-    ({"step_06": _step_06(bf16_missing=True)}, "PASS", None),
-])
+@pytest.mark.parametrize(
+    "extra,status,needle",
+    [
+        ({"complex_ddp": _complex(), "step_06": _step_06()}, "PASS", None),
+        (
+            {"complex_ddp": _complex(plain_ok=False)},
+            "FAIL",
+            "plain DDP does NOT average them right",
+        ),
+        ({"complex_ddp": _complex(False, False)}, "FAIL", "neither plain DDP nor"),
+        (
+            {"complex_ddp": {"ran": True, "backend": "nccl", "why": "exit 1: NCCL error"}},
+            "FAIL",
+            "did not finish",
+        ),
+        ({"complex_ddp": {"ran": False, "why": "needs 2 GPUs, torch sees 1"}}, "PASS", None),
+        (
+            {"step_06": _step_06(bf16_off=5e-3)},
+            "FAIL",
+            "(bf16): loss off float32 by 5.0e-03 relative > 0.001",
+        ),
+        ({"step_06": _step_06(bf16_missing=True)}, "PASS", None),
+    ],
+)
 def test_report_of_the_course_steps_on_the_gpu(extra, status, needle):
     rep = gpucheck.build_report([_task(0, [_gpu(0)])], {**NODE, **extra}, True)
     assert rep["status"] == status, rep["problems"]
@@ -211,8 +271,15 @@ def test_report_of_the_course_steps_on_the_gpu(extra, status, needle):
     text = gpucheck.report_text(rep)
     assert sum(line.startswith("complex gradients under DDP:") for line in text.splitlines()) == 1
     if "step_06" in extra and not extra["step_06"]["runs"]["bf16"].get("not_supported"):
-        assert "06 peak device memory (training only, batch 8): float32 4 MiB, bf16 3 MiB, compile 3 MiB" in text
-        assert "06 --compile: loss within 1.0e-06 of float32 over 5 steps (tolerance 0.0001): ok" in text
+        assert (
+            "06 peak device memory (training only, batch 8): "
+            "float32 4 MiB, bf16 3 MiB, compile 3 MiB"
+            in text
+        )
+        assert (
+            "06 --compile: loss within 1.0e-06 of float32 over 5 steps (tolerance 0.0001): ok"
+            in text
+        )
 
 
 def test_node_record_on_a_cpu_node_says_not_applicable(tmp_path):
@@ -241,8 +308,10 @@ def test_the_tests_the_node_step_runs_itself_exist():
 
 
 def _two_gpus_seen():
-    """A torch that says 2 GPUs: the node step's plumbing, run on the CPU (the programs use gloo)."""
-    return types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 2))
+    """A torch that says 2 GPUs: the node step's plumbing, run on the CPU (over gloo)."""
+    return types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 2)
+    )
 
 
 @pytest.mark.slow
@@ -250,9 +319,17 @@ def test_complex_ddp_step_runs_the_real_check(tmp_path):
     """The node step's torchrun of wellfno.ddp, over gloo here: its result and its one line."""
     rec = gpucheck.run_complex_ddp(_two_gpus_seen(), tmp_path / "c", timeout=240, backend="gloo")
     check = rec["complex_ddp"]
-    assert check["ran"] and check["summary"]["plain"]["ok"] and check["summary"]["hook"]["ok"], check
-    assert gpucheck.complex_ddp_line(rec).startswith("complex gradients under DDP: plain DDP averages them right")
-    assert rec["transport"] == {"ran": True, "kinds": {}, "transports": {}}  # gloo prints no NCCL line
+    assert check["ran"] and check["summary"]["plain"]["ok"] and check["summary"]["hook"]["ok"], (
+        check
+    )
+    assert gpucheck.complex_ddp_line(rec).startswith(
+        "complex gradients under DDP: plain DDP averages them right"
+    )
+    assert rec["transport"] == {
+        "ran": True,
+        "kinds": {},
+        "transports": {},
+    }  # gloo prints no NCCL line
     assert (tmp_path / "c" / "rank1.pt").is_file()
 
 

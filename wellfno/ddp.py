@@ -1,16 +1,17 @@
 """Complex gradients under DistributedDataParallel: a hook that averages them through real views,
 and the check that DDP averages them right (2 ranks x b against 1 rank x 2b, one training step).
 
-    torchrun --standalone --nproc-per-node 2 -m wellfno.ddp --out DIR     # nccl on 2 GPUs, else gloo
+    torchrun --standalone --nproc-per-node 2 -m wellfno.ddp --out DIR   # nccl on 2 GPUs, else gloo
 
 The FNO's spectral weights are complex64 parameters, and NCCL (RCCL on AMD) has no complex type:
 ProcessGroupNCCL reduces a complex tensor through its real view (torch.view_as_real), and DDP's
 reducer copies each bucket's result back into the gradients. Where that goes wrong, training still
 runs, but not as it does on one GPU:
 - pytorch/pytorch#158753 (open, 2025): a complex-valued model converges on one GPU, not under DDP;
-  the imaginary part of the gradient appears to be zero; a manual all-reduce under no_sync() fixes it
-  (https://github.com/pytorch/pytorch/issues/158753; attempted fix, closed:
-  https://github.com/pytorch/pytorch/pull/166863);
+  the imaginary part of the gradient appears to be zero; a manual all-reduce under no_sync()
+  fixes it (https://github.com/pytorch/pytorch/issues/158753; a fix to the reducer's buckets:
+  https://github.com/pytorch/pytorch/pull/166863, closed in Nov 2025, merged or not: PyTorch's
+  bot closes the PRs it merges);
 - pytorch/pytorch PR #74039 (2022, closed): ProcessGroup::Work hands the collective's result tensor
   to the reducer, and once a complex bucket was viewed as real for the collective, that result has
   to be turned back into the complex bucket "to avoid copy tearing"; custom hooks "will need to deal
@@ -24,10 +25,12 @@ in place through its real view (the same memory) and hands DDP back the bucket i
 it came. (torch 2.13's reducer already buckets complex parameters as float32, their real view:
 measured with gloo, the hook then sees only real buckets; the check records which, as
 `complex_buckets_as`. Older torch built complex64 buckets; the diff of pytorch/pytorch#166863
-to Reducer::initialize_buckets is where that changes.) Register it with `ddp_model.register_comm_hook(None, complex_as_real_allreduce_hook)`.
+to Reducer::initialize_buckets is where that changes.) Register it with
+`ddp_model.register_comm_hook(None, complex_as_real_allreduce_hook)`.
 With gloo it gives what plain DDP gives (tests/test_ddp_complex.py); over NCCL the check below
 says whether plain DDP needs it on a node (`python -m wellfno.gpucheck`, slurm/00_gpu_check.sbatch).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,7 +92,9 @@ def train_step(model, loss_of, x, y, lr: float = 2e-3) -> dict:
     module = getattr(model, "module", model)  # DDP wraps the FNO
     grads = {n: p.grad.detach().cpu().clone() for n, p in module.named_parameters()}
     optimizer.step()
-    return dict(grad=grads, param={n: p.detach().cpu().clone() for n, p in module.named_parameters()})
+    return dict(
+        grad=grads, param={n: p.detach().cpu().clone() for n, p in module.named_parameters()}
+    )
 
 
 def relative_differences(got: dict, ref: dict) -> dict:
@@ -98,16 +103,25 @@ def relative_differences(got: dict, ref: dict) -> dict:
     out = {}
     for name, r in ref.items():
         g = got[name]
-        parts = {"real": (g.real, r.real)} if not r.is_complex() else \
-            {"real": (g.real, r.real), "imag": (g.imag, r.imag)}
-        out[name] = {k: ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-                     for k, (a, b) in parts.items()}
+        parts = (
+            {"real": (g.real, r.real)}
+            if not r.is_complex()
+            else {"real": (g.real, r.real), "imag": (g.imag, r.imag)}
+        )
+        out[name] = {
+            k: (
+                (a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)
+            ).item()
+            for k, (a, b) in parts.items()
+        }
     return out
 
 
 def worst(diffs: dict) -> tuple[str, str, float]:
     """(parameter, part, relative difference) of the largest difference."""
-    return max(((n, part, v) for n, d in diffs.items() for part, v in d.items()), key=lambda t: t[2])
+    return max(
+        ((n, part, v) for n, d in diffs.items() for part, v in d.items()), key=lambda t: t[2]
+    )
 
 
 def summarize(result: dict, tolerance: float = TOLERANCE) -> dict:
@@ -118,8 +132,9 @@ def summarize(result: dict, tolerance: float = TOLERANCE) -> dict:
         for what in ("grad", "param"):
             name, part, value = worst(result[variant][what])
             entries[what] = dict(parameter=name, part=part, relative_difference=value)
-        summary[variant] = dict(ok=all(e["relative_difference"] <= tolerance for e in entries.values()),
-                                **entries)
+        summary[variant] = dict(
+            ok=all(e["relative_difference"] <= tolerance for e in entries.values()), **entries
+        )
     return summary
 
 
@@ -128,36 +143,52 @@ def verdict_line(check: dict) -> str:
     if not check.get("ran"):
         return f"complex gradients under DDP: not checked ({check.get('why', 'not run')})"
     if "summary" not in check:
-        return f"complex gradients under DDP: the check did not finish ({check.get('backend', '?')}): " \
-               f"{check.get('why', 'no result')}"
-    where = f"{check['library']}, {check['world_size']} ranks x {check['batch']} " \
-            f"vs 1 rank x {check['world_size'] * check['batch']}"
+        return (
+            f"complex gradients under DDP: the check did not finish ({check.get('backend', '?')}): "
+            f"{check.get('why', 'no result')}"
+        )
+    where = (
+        f"{check['library']}, {check['world_size']} ranks x {check['batch']} "
+        f"vs 1 rank x {check['world_size'] * check['batch']}"
+    )
     plain, hook = check["summary"]["plain"], check["summary"]["hook"]
     if plain["ok"]:
-        return f"complex gradients under DDP: plain DDP averages them right on this node ({where}: " \
-               f"every gradient's real and imaginary parts within {check['tolerance']:g})"
+        return (
+            f"complex gradients under DDP: plain DDP averages them right on this node ({where}: "
+            f"every gradient's real and imaginary parts within {check['tolerance']:g})"
+        )
     bad = plain["grad"]
-    found = f"{bad['parameter']} {bad['part']} part off by {bad['relative_difference']:.2g} relative"
+    found = (
+        f"{bad['parameter']} {bad['part']} part off by {bad['relative_difference']:.2g} relative"
+    )
     if hook["ok"]:
-        return f"complex gradients under DDP: plain DDP does NOT average them right on this node " \
-               f"({where}: {found}); the real-view hook does: switch it on in exercise 05 " \
-               f"(ddp_model.register_comm_hook(None, wellfno.ddp.complex_as_real_allreduce_hook))"
-    return f"complex gradients under DDP: neither plain DDP nor wellfno.ddp's real-view hook averages " \
-           f"them right on this node ({where}: {found}): train exercise 05 on one GPU per job here"
+        return (
+            f"complex gradients under DDP: plain DDP does NOT average them right on this node "
+            f"({where}: {found}); the real-view hook does: switch it on in exercise 05 "
+            f"(ddp_model.register_comm_hook(None, wellfno.ddp.complex_as_real_allreduce_hook))"
+        )
+    return (
+        f"complex gradients under DDP: neither plain DDP nor wellfno.ddp's real-view hook averages "
+        f"them right on this node ({where}: {found}): train exercise 05 on one GPU per job here"
+    )
 
 
 def recording_hook(seen: set):
     """complex_as_real_allreduce_hook, noting the dtype DDP's reducer gives the buckets of complex
     parameters: complex64 (the hook views them as real) or float32 (the reducer already did)."""
+
     def hook(process_group, bucket):
         if any(p.is_complex() for p in bucket.parameters()):
             seen.add(str(bucket.buffer().dtype).replace("torch.", ""))
         return complex_as_real_allreduce_hook(process_group, bucket)
+
     return hook
 
 
-def run_check(out: Path, backend: str, batch: int, grid: int, width: int, modes: int, timeout: float):
-    """Every rank: one step with plain DDP and one with the hook; rank 0 also one step on its own with
+def run_check(
+    out: Path, backend: str, batch: int, grid: int, width: int, modes: int, timeout: float
+):
+    """Every rank: one step with plain DDP and one with the hook; rank 0 also one step on its own,
     the whole global batch (the reference). Each rank saves what it holds; rank 0 writes RESULT."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -165,14 +196,19 @@ def run_check(out: Path, backend: str, batch: int, grid: int, width: int, modes:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         if torch.cuda.device_count() <= local_rank:
-            raise UserError(f"--backend nccl: local rank {local_rank} has no GPU of its own "
-                            f"({torch.cuda.device_count()} visible): start one rank per GPU")
+            raise UserError(
+                f"--backend nccl: local rank {local_rank} has no GPU of its own "
+                f"({torch.cuda.device_count()} visible): start one rank per GPU"
+            )
         device = torch.device("cuda", local_rank)  # torchrun --standalone: every GPU visible
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
-                            **({"device_id": device} if device.type == "cuda" else {}))
+    dist.init_process_group(
+        backend,
+        timeout=datetime.timedelta(seconds=timeout),
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
     try:
         x, y = example_batch(batch * world, grid, device)
         mine = slice(rank * batch, (rank + 1) * batch)
@@ -180,7 +216,8 @@ def run_check(out: Path, backend: str, batch: int, grid: int, width: int, modes:
         for variant in VARIANTS:
             model = example_model(device, grid, width, modes)
             ddp = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
             if variant == "hook":
                 ddp.register_comm_hook(None, recording_hook(buckets))
             held[variant] = train_step(ddp, model.loss, x[mine], y[mine])
@@ -190,18 +227,34 @@ def run_check(out: Path, backend: str, batch: int, grid: int, width: int, modes:
             model = example_model(device, grid, width, modes)
             reference = train_step(model, model.loss, x, y)
             atomic_torch_save(out / "reference.pt", reference)
-            result = {v: {w: relative_differences(held[v][w], reference[w]) for w in ("grad", "param")}
-                      for v in VARIANTS}
+            result = {
+                v: {w: relative_differences(held[v][w], reference[w]) for w in ("grad", "param")}
+                for v in VARIANTS
+            }
             complex_grads = [g for g in reference["grad"].values() if g.is_complex()]
-            library = ("RCCL " if torch.version.hip else "NCCL ") + ".".join(
-                map(str, torch.cuda.nccl.version())) if backend == "nccl" else "gloo"
-            check = dict(ran=True, backend=backend, library=library, world_size=world, batch=batch,
-                         grid=grid, width=width, device=str(device),
-                         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                         tolerance=TOLERANCE, complex_parameters=len(complex_grads),
-                         complex_buckets_as=sorted(buckets),  # what the reducer hands a hook
-                         imaginary_gradient_max=max(g.imag.abs().max().item() for g in complex_grads),
-                         differences=result, summary=summarize(result))
+            library = (
+                ("RCCL " if torch.version.hip else "NCCL ")
+                + ".".join(map(str, torch.cuda.nccl.version()))
+                if backend == "nccl"
+                else "gloo"
+            )
+            check = dict(
+                ran=True,
+                backend=backend,
+                library=library,
+                world_size=world,
+                batch=batch,
+                grid=grid,
+                width=width,
+                device=str(device),
+                device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                tolerance=TOLERANCE,
+                complex_parameters=len(complex_grads),
+                complex_buckets_as=sorted(buckets),  # what the reducer hands a hook
+                imaginary_gradient_max=max(g.imag.abs().max().item() for g in complex_grads),
+                differences=result,
+                summary=summarize(result),
+            )
             check["line"] = verdict_line(check)
             atomic_write_json(out / RESULT, check)
             print(check["line"], flush=True)
@@ -211,12 +264,21 @@ def run_check(out: Path, backend: str, batch: int, grid: int, width: int, modes:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--out", required=True, help="folder for rank*.pt, reference.pt and " + RESULT)
-    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
-                   help="auto: nccl (RCCL on AMD) where torch sees GPUs, else gloo")
-    p.add_argument("--batch-size", type=int, default=4, help="samples per rank (the reference: all ranks')")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="auto: nccl (RCCL on AMD) where torch sees GPUs, else gloo",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=4, help="samples per rank (the reference: all ranks')"
+    )
     p.add_argument("--grid", type=int, default=16)
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--modes", type=int, default=8)
@@ -227,9 +289,19 @@ def main(argv=None):
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UserError(f"--out {args.out} is a file; give a folder")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise UserError("start the ranks with a launcher: torchrun --standalone --nproc-per-node 2 "
-                        "-m wellfno.ddp --out DIR")
-    run_check(Path(args.out), args.backend, args.batch_size, args.grid, args.width, args.modes, args.timeout)
+        raise UserError(
+            "start the ranks with a launcher: torchrun --standalone --nproc-per-node 2 "
+            "-m wellfno.ddp --out DIR"
+        )
+    run_check(
+        Path(args.out),
+        args.backend,
+        args.batch_size,
+        args.grid,
+        args.width,
+        args.modes,
+        args.timeout,
+    )
 
 
 if __name__ == "__main__":

@@ -180,7 +180,8 @@ def device_peak(device: torch.device) -> Peak:
     row = gpu_row(gpu)
     if row:
         peaks = dict(GPU_PEAKS[row])
-        return Peak(f"{gpu} ({row})", {k: v for k, v in peaks.items() if k != "source"}, peaks["source"])
+        flops = {k: v for k, v in peaks.items() if k != "source"}
+        return Peak(f"{gpu} ({row})", flops, peaks["source"])
     return Peak(gpu, {}, "not in wellfno/flops.py GPU_PEAKS: add its datasheet's dense peaks to get an MFU")
 
 
