@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from profiling import syncs
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, call_main, run_script
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 (fixtures of the Slurm test)
 from wellfno import flops
 
@@ -89,6 +89,36 @@ def test_gpu_names_find_their_datasheet_row(monkeypatch, name, row):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     peak = flops.device_peak(torch.device("cuda"))
     assert peak.source == flops.GPU_PEAKS[row]["source"] and peak.flops["bf16"] == flops.GPU_PEAKS[row]["bf16"]
+
+
+# Device names as torch.cuda.get_device_name() gives them. NVIDIA: nvidia-smi's names ("NVIDIA RTX
+# A1000" is the workstation card, https://www.nvidia.com/en-us/design-visualization/rtx-a1000/, and
+# "... Laptop GPU" its mobile one). AMD: ROCm's marketing names, "AMD Instinct MI250X/MI250" as
+# torch's collect_env prints it on gfx90a nodes and as ray's AMD product table lists PCI id 0x740c
+# (https://github.com/ray-project/ray/blob/master/python/ray/_private/accelerators/amd_gpu.py).
+@pytest.mark.parametrize(
+    "name, row",
+    [
+        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA RTX A1000", None),
+        ("NVIDIA RTX A1000 Laptop GPU", None),
+        ("NVIDIA RTX A1000 6GB Laptop GPU", None),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("AMD Instinct MI250X/MI250", "MI250X (one GCD)"),
+        ("AMD Instinct MI250", None),
+    ],
+)
+def test_gpu_names_match_whole_model_numbers(monkeypatch, name, row):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak = flops.device_peak(torch.device("cuda"))
+    if row is None:
+        assert peak.flops == {} and "GPU_PEAKS" in peak.source, f"{name} taken for {peak.name}"
+    else:
+        assert peak.name == f"{name} ({row})" and peak.source == flops.GPU_PEAKS[row]["source"]
 
 
 def test_unknown_gpu_has_no_mfu(monkeypatch):
@@ -254,3 +284,157 @@ def test_slurm_efficiency_job_writes_its_table(slurm_cluster, slurm_data, tmp_pa
     assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows)
     assert (job.run_dir / "efficiency.png").is_file()
     assert "no vendor profiler run" in job.out.read_text()
+
+
+# -- drift from 05 fixed in 06 (issue 18, "Why" 4 and 5) ------------------------------------------
+
+
+def test_docstring_shows_only_this_script(script):
+    """The usage block (`--help`'s epilog) names this solution's files, not another step's."""
+    import ast
+    import re
+
+    if REPO / "solutions" not in script.parents:
+        pytest.skip("a participant's own script may document itself as it likes")
+    doc = ast.get_docstring(ast.parse(script.read_text()))
+    named = set(re.findall(r"solutions/[\w.]+/\w+\.py", doc))
+    own = script.parent.relative_to(REPO).as_posix()
+    assert named and all(path.startswith(own + "/") for path in named), sorted(named)
+
+
+def test_amp_check_needs_no_torch_2_4_api(script_module, monkeypatch):
+    """torch.amp.is_autocast_available came with torch 2.4; the course supports torch 2.3, whose
+    torch.amp lacks it: checking --amp must not touch it, and still refuse a missing autocast."""
+    monkeypatch.delattr(torch.amp, "is_autocast_available", raising=False)  # as in torch 2.3
+    script_module.check_amp("bf16", torch.device("cpu"))
+    script_module.check_amp("none", torch.device("cpu"))
+
+    def no_autocast(device_type, *args, **kwargs):  # what torch.autocast does for an unknown device
+        raise RuntimeError(f"User specified an unsupported autocast device_type '{device_type}'")
+
+    monkeypatch.setattr(torch, "autocast", no_autocast)
+    with pytest.raises(
+        script_module.UserError, match="--amp bf16: torch has no bf16 autocast for cpu"
+    ):
+        script_module.check_amp("bf16", torch.device("cpu"))
+
+
+def _fake_triton(monkeypatch):
+    """importlib finds a `triton` package (GPU builds of torch ship one; this CPU wheel not)."""
+    import importlib.machinery
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (
+            importlib.machinery.ModuleSpec(name, None) if name == "triton" else real(name, *a)
+        ),
+    )
+
+
+def test_compile_on_a_gpu_without_a_host_c_compiler_is_one_line(
+    script_module, monkeypatch, tmp_path
+):
+    """Triton compiles its launchers with $CC, gcc or clang (triton/runtime/build.py), and fails
+    at the first kernel without one. check_compiler's GPU branch is called with a cuda device (no
+    GPU is touched), a Triton import that resolves, and a PATH without any C compiler; then with
+    one."""
+    _fake_triton(monkeypatch)
+    empty, tools = tmp_path / "empty", tmp_path / "tools"
+    empty.mkdir()
+    tools.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CC", raising=False)
+    gpu = torch.device("cuda", 0)
+    with pytest.raises(script_module.UserError) as missing:
+        script_module.check_compiler(gpu)
+    message = str(missing.value)
+    assert "\n" not in message and "C compiler" in message and "install one" in message, message
+    assert "without --compile" in message
+    monkeypatch.setenv("CC", "cc-that-is-not-there")
+    with pytest.raises(script_module.UserError, match="C compiler"):
+        script_module.check_compiler(gpu)
+    gcc = tools / "gcc"
+    gcc.write_text("#!/bin/sh\n")
+    gcc.chmod(0o755)
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("PATH", str(tools))
+    script_module.check_compiler(gpu)  # gcc found: no error
+
+
+def test_profile_table_key_and_peak_memory_reset(
+    script_module, tiny_data_dir, tmp_path, monkeypatch
+):
+    """Two GPU-only defects checked through what the script calls, on the CPU:
+    - the profile table's sort key comes from profiling.traces.key_averages_sort_key (torch 2.3
+      names it self_cuda_time_total; a hard-coded self_device_time_total crashes there after
+      training);
+    - the peak-memory count restarts after the float32 FLOP-count pass and before training, or a
+      GPU's max_memory_allocated reports that pass instead of what bf16 training needs. CPU max RSS
+      cannot be reset, so the effect itself is a GPU test (tests/test_gpu.py)."""
+    from profiling import traces
+
+    events = []
+    count, key, train = (
+        flops.training_flops_per_sample,
+        traces.key_averages_sort_key,
+        script_module.train_one_epoch,
+    )
+    monkeypatch.setattr(
+        flops, "training_flops_per_sample", lambda *a, **k: events.append("count") or count(*a, **k)
+    )
+    monkeypatch.setattr(
+        script_module, "reset_peak_memory", lambda device: events.append(("reset", device.type))
+    )
+    monkeypatch.setattr(
+        script_module, "train_one_epoch", lambda *a, **k: events.append("train") or train(*a, **k)
+    )
+    monkeypatch.setattr(
+        traces,
+        "key_averages_sort_key",
+        lambda device: events.append(("key", device.type)) or key(device),
+    )
+    call_main(
+        script_module,
+        "--data-dir",
+        tiny_data_dir,
+        "--out",
+        tmp_path / "prof",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "1",
+        "--bind",
+        "none",
+        "--profile",
+        "--max-steps",
+        "7",
+    )
+    assert events == ["count", ("reset", "cpu"), "train", ("key", "cpu")], events
+
+
+@pytest.mark.slow
+def test_memory_line_from_rank_0_only(script, tiny_data_dir, tmp_path):
+    """The job speaks with one voice: rank 0 prints the memory estimate, as in solution 05."""
+    from tests.test_05_ddp import SMALL, assert_ok, launch
+
+    results = launch(
+        script,
+        2,
+        "--data-dir",
+        tiny_data_dir,
+        "--out",
+        tmp_path,
+        "--epochs",
+        "1",
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "2",
+        *SMALL,
+    )
+    assert_ok(results)
+    said = [out.count("a training step needs about") for _, out, _ in results]
+    assert said == [1, 0], said

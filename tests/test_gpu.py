@@ -123,3 +123,186 @@ def test_gpu_nccl_statistics_with_two_ranks_equal_serial(tiny_dataset_dir, tmp_p
                         "--out", str(dist)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     _same_numbers(yaml.safe_load(dist.read_text()), yaml.safe_load(serial.read_text()))
+
+
+# --------------------------------------------------------------------------- 05 and 06 on the GPU
+# The day-0 job (wellfno.gpucheck node) runs the programs behind the first tests itself and leaves
+# them out of its `pytest -m gpu` (gpucheck.COVERED_BY_NODE_STEP); here they run on their own.
+TWO_GPUS = pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="needs 2 visible GPUs (DDP over nccl/RCCL: 2 ranks x b vs 1 rank x 2b)",
+)
+
+
+@pytest.fixture(scope="module")
+def nccl_check(tmp_path_factory):
+    """wellfno.ddp over nccl/RCCL on 2 GPUs with NCCL_DEBUG=INFO, as the day-0 job runs it."""
+    from wellfno import gpucheck
+
+    out = tmp_path_factory.mktemp("complex_ddp")
+    return out, gpucheck.run_complex_ddp(torch, out, timeout=300)
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("variant", ["plain", "hook"])
+def test_gpu_complex_gradients_two_ranks_equal_one_rank(nccl_check, variant):
+    """One step of the real FNO over nccl/RCCL, 2 ranks x 4 vs 1 rank x 8: every parameter's
+    gradient and value after the step, real and imaginary parts, within 1e-5
+    (pytorch/pytorch#158753:
+    DDP may lose the imaginary part). `plain` is DDP as solution 05 runs it, `hook` with
+    wellfno.ddp.complex_as_real_allreduce_hook."""
+    from tests.test_ddp_complex import assert_close_parts
+
+    out, rec = nccl_check
+    assert (out / "reference.pt").is_file(), f"the check did not run: {rec['complex_ddp']}"
+    reference = torch.load(out / "reference.pt", weights_only=True)
+    assert any(g.is_complex() and g.imag.abs().max() > 0 for g in reference["grad"].values())
+    for rank in (0, 1):
+        held = torch.load(out / f"rank{rank}.pt", weights_only=True)[variant]
+        for what in ("grad", "param"):
+            assert_close_parts(
+                held[what], reference[what], f"rank {rank}, {variant} DDP over nccl, {what}"
+            )
+
+
+@TWO_GPUS
+def test_gpu_nccl_transport_is_reported(nccl_check):
+    """Which transport NCCL/RCCL connected the two GPUs with, read from its INFO lines."""
+    from wellfno import gpucheck
+
+    _, rec = nccl_check
+    found = rec["transport"]
+    assert found["kinds"], "no 'NCCL INFO Channel ... via ...' line in the NCCL_DEBUG=INFO output"
+    assert set(found["kinds"]) <= {"P2P", "SHM", "NET"}, found
+    assert gpucheck.transport_line(found).startswith(
+        "NCCL/RCCL transport between this node's GPUs: "
+    )
+
+
+@TWO_GPUS
+def test_gpu_05_two_ranks_over_nccl_equal_one_rank(tiny_data_dir, tmp_path):
+    """Solution 05 itself over nccl/RCCL: 2 ranks x --batch-size 2 hold, after one step, the
+    parameters of 1 rank x 4 on one GPU (real and imaginary parts; tests/test_05_ddp.py on gloo)."""
+    from tests.conftest import STEPS
+    from tests.test_ddp_complex import assert_close_parts
+
+    script = STEPS["05_ddp"]
+    common = [
+        "--data-dir",
+        str(tiny_data_dir),
+        "--epochs",
+        "1",
+        "--max-steps",
+        "1",
+        "--n-steps-input",
+        "10",
+        "--bind",
+        "none",
+        "--seed",
+        "3",
+        "--device",
+        "cuda",
+    ]
+    r = run_script(script, *common, "--out", tmp_path / "one", "--batch-size", "4", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            script,
+            *common,
+            "--out",
+            str(tmp_path / "two"),
+            "--batch-size",
+            "2",
+            "--backend",
+            "nccl",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    assert "nccl backend, cuda" in r.stdout
+    one, two = (
+        torch.load(tmp_path / d / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+        for d in ("one", "two")
+    )
+    floating = {k: v for k, v in one.items() if v.is_floating_point() or v.is_complex()}
+    assert_close_parts(
+        {k: two[k] for k in floating}, floating, "05 over nccl, 2 ranks x 2 vs 1 rank x 4"
+    )
+
+
+@pytest.fixture(scope="module")
+def step_06_runs(tmp_path_factory):
+    """Solution 06 on the GPU: float32, --amp bf16, --compile (the day-0 job's runs)."""
+    from wellfno import gpucheck
+
+    return gpucheck.run_06_on_gpu(torch, tmp_path_factory.mktemp("step_06"), REPO, timeout=540)[
+        "runs"
+    ]
+
+
+@pytest.mark.parametrize("name", ["bf16", "compile"])
+def test_gpu_06_low_precision_and_compile_track_float32(step_06_runs, name):
+    """The losses of 5 steps track float32's within the CPU tests' tolerance
+    (tests/test_06_efficiency.py:
+    bf16 1e-3, compile 1e-4 relative); bf16 must also differ, or autocast did nothing."""
+    from wellfno.gpucheck import LOSS_TOLERANCE
+
+    reference, run = step_06_runs["float32"], step_06_runs[name]
+    if run.get("not_supported"):
+        pytest.skip(run["why"])
+    assert reference["ok"] and "losses" in run, run.get("why")
+    assert len(run["losses"]) == len(reference["losses"]) == 5
+    off = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference["losses"]))
+    assert off < LOSS_TOLERANCE[name], (reference["losses"], run["losses"])
+    if name == "bf16":
+        assert off > 0, "--amp bf16 gave exactly the float32 losses: is autocast on?"
+
+
+def test_gpu_06_peak_memory_is_training_not_the_flop_count(tiny_data_dir, tmp_path):
+    """06 counts FLOPs with one float32 pass at --batch-size before training; the peak memory it
+    reports must be training's (so that it shows what bf16 saves), not that pass's. The tiny data
+    has fewer training samples than 64: --batch-size 64 and 256 train the same one batch of all
+    of them, and only the FLOP pass grows 4x; their peaks must agree."""
+    from wellfno.gpucheck import STEP_SCRIPTS
+
+    peaks = {}
+    for batch in (64, 256):
+        out = tmp_path / f"b{batch}"
+        r = run_script(
+            STEP_SCRIPTS["peak_memory"],
+            "--data-dir",
+            tiny_data_dir,
+            "--out",
+            out,
+            "--epochs",
+            "1",
+            "--max-steps",
+            "1",
+            "--batch-size",
+            str(batch),
+            "--bind",
+            "none",
+            "--device",
+            "cuda",
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["history"][0]["steps"] == 1 and metrics["peak_memory_of"] == "device"
+        peaks[batch] = metrics["peak_memory_bytes"]
+    assert peaks[256] <= 1.2 * peaks[64], f"the peak grows with the FLOP-count pass: {peaks}"

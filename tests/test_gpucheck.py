@@ -130,3 +130,218 @@ def test_cli_bad_input_one_line(tmp_path, args, needle):
     r = run_script("-m", "wellfno.gpucheck", *[a.format(tmp=tmp_path) for a in args])
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()] and needle in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+# --------------------------------------------------------------------------- the course's steps
+# NCCL_DEBUG=INFO lines as NCCL and RCCL print them, copied from public logs.
+NCCL_LINES = """\
+<cluster_name>:919:1150 [0] NCCL INFO Channel 01/0 : 8[0] -> 15[7] via P2P/IPC/read
+<cluster_name>:919:1150 [0] NCCL INFO Channel 02/0 : 8[0] -> 15[7] via P2P/IPC/read
+<cluster_name>:926:1151 [7] NCCL INFO Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3
+"""  # https://github.com/NVIDIA/nccl/issues/952
+NCCL_OLD_LINES = """\
+machine-1:16194:18583 [3] NCCL INFO Channel 00 : 11[3e000] -> 9[1b000] via P2P/direct pointer
+machine-1:16194:18586 [6] NCCL INFO Channel 03 : 7[b2000] -> 14[b1000] [receive] via NET/IB/0/GDRDMA
+"""  # https://github.com/NVIDIA/nccl/issues/429
+NCCL_SHM_LINES = """\
+ubuntu:39964:40050 [6] NCCL INFO Channel 09 : 6[6] -> 7[7] via SHM/direct/direct
+ubuntu:9621:9688 [3] NCCL INFO Channel 05 : 11[3] -> 12[4] via SHM/direct/direct
+ubuntu:9621:9692 [7] NCCL INFO Channel 14/0 : 15[7] -> 0[0] [send] via NET/Socket/0
+"""  # https://github.com/NVIDIA/nccl-tests/issues/166
+RCCL_LINES = """\
+g1072:1263985:1264007 [0] NCCL INFO Channel 02/0 : 1[c6000] -> 4[c1000] [receive] via NET/Socket/1 comm 0x95cdeb0 nRanks 08
+g1072:1263988:1264006 [3] NCCL INFO Channel 00/0 : 7[ce000] -> 5[c6000] via P2P/IPC comm 0xfb16e30 nRanks 08
+g1072:1263986:1264008 [1] NCCL INFO Connected all rings comm 0xa5bff40 nRanks 08 busId c6000
+"""  # https://github.com/ROCm/rccl/issues/1026
+
+
+@pytest.mark.parametrize(
+    "text,kinds,transports",
+    [
+        (NCCL_LINES, {"P2P": 2, "NET": 1}, {"P2P/IPC/read": 2, "NET/Socket/3": 1}),
+        (NCCL_OLD_LINES, {"P2P": 1, "NET": 1}, {"P2P/direct pointer": 1, "NET/IB/0/GDRDMA": 1}),
+        (NCCL_SHM_LINES, {"SHM": 2, "NET": 1}, {"SHM/direct/direct": 2, "NET/Socket/0": 1}),
+        (RCCL_LINES, {"P2P": 1, "NET": 1}, {"P2P/IPC": 1, "NET/Socket/1": 1}),
+        (
+            "NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\nNCCL INFO cudaDriverVersion 12040\n",
+            {},
+            {},
+        ),
+    ],
+)
+def test_nccl_transports_from_recorded_info_lines(text, kinds, transports):
+    found = gpucheck.nccl_transports(text)
+    assert found == {"kinds": kinds, "transports": transports}
+
+
+def test_transport_line_names_each_kind_and_warns_of_net_between_gpus():
+    line = gpucheck.transport_line({"ran": True, **gpucheck.nccl_transports(RCCL_LINES)})
+    assert (
+        "P2P (GPU to GPU" in line
+        and "NET (through the network stack): 1" in line
+        and "P2P/IPC" in line
+    )
+    assert "cannot reach each other directly" in line
+    p2p_only = gpucheck.transport_line(
+        {"ran": True, **gpucheck.nccl_transports(NCCL_LINES.splitlines()[0])}
+    )
+    assert "P2P" in p2p_only and "NET" not in p2p_only
+    assert gpucheck.transport_line({"ran": False, "why": "needs 2 GPUs, torch sees 1"}).endswith(
+        "not seen (needs 2 GPUs, torch sees 1)"
+    )
+
+
+def _complex(plain_ok=True, hook_ok=True):
+    entry = lambda ok: {
+        "ok": ok,
+        "grad": {
+            "parameter": "fno.fno_blocks.convs.0.weight.tensor",
+            "part": "imag",
+            "relative_difference": 1e-7 if ok else 1.0,
+        },
+        "param": {"parameter": "p", "part": "real", "relative_difference": 1e-7},
+    }
+    return {
+        "ran": True,
+        "backend": "nccl",
+        "library": "NCCL 2.21.5",
+        "world_size": 2,
+        "batch": 4,
+        "tolerance": 1e-5,
+        "summary": {"plain": entry(plain_ok), "hook": entry(hook_ok)},
+    }
+
+
+def _step_06(bf16_off=1e-5, compile_off=1e-6, bf16_missing=False):
+    run = lambda off, tol: {
+        "ok": off < tol,
+        "losses": [1.0] * 5,
+        "peak_memory_bytes": 3 * 2**20,
+        "max_relative_loss_difference": off,
+        "tolerance": tol,
+    }
+    bf16 = (
+        {
+            "ok": False,
+            "why": "error: --amp bf16: Tesla V100 has no bfloat16 units: use --amp fp16",
+            "not_supported": True,
+        }
+        if bf16_missing
+        else run(bf16_off, 1e-3)
+    )
+    return {
+        "ran": True,
+        "runs": {
+            "float32": {"ok": True, "losses": [1.0] * 5, "peak_memory_bytes": 4 * 2**20},
+            "bf16": bf16,
+            "compile": run(compile_off, 1e-4),
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "extra,status,needle",
+    [
+        ({"complex_ddp": _complex(), "step_06": _step_06()}, "PASS", None),
+        (
+            {"complex_ddp": _complex(plain_ok=False)},
+            "FAIL",
+            "plain DDP does NOT average them right",
+        ),
+        ({"complex_ddp": _complex(False, False)}, "FAIL", "neither plain DDP nor"),
+        (
+            {"complex_ddp": {"ran": True, "backend": "nccl", "why": "exit 1: NCCL error"}},
+            "FAIL",
+            "did not finish",
+        ),
+        ({"complex_ddp": {"ran": False, "why": "needs 2 GPUs, torch sees 1"}}, "PASS", None),
+        (
+            {"step_06": _step_06(bf16_off=5e-3)},
+            "FAIL",
+            "(bf16): loss off float32 by 5.0e-03 relative > 0.001",
+        ),
+        ({"step_06": _step_06(bf16_missing=True)}, "PASS", None),
+    ],
+)
+def test_report_of_the_course_steps_on_the_gpu(extra, status, needle):
+    rep = gpucheck.build_report([_task(0, [_gpu(0)])], {**NODE, **extra}, True)
+    assert rep["status"] == status, rep["problems"]
+    if needle:
+        assert any(needle in p for p in rep["problems"]), rep["problems"]
+    text = gpucheck.report_text(rep)
+    assert sum(line.startswith("complex gradients under DDP:") for line in text.splitlines()) == 1
+    if "step_06" in extra and not extra["step_06"]["runs"]["bf16"].get("not_supported"):
+        assert (
+            "06 peak device memory (training only, batch 8): "
+            "float32 4 MiB, bf16 3 MiB, compile 3 MiB"
+            in text
+        )
+        assert (
+            "06 --compile: loss within 1.0e-06 of float32 over 5 steps (tolerance 0.0001): ok"
+            in text
+        )
+
+
+def test_node_record_on_a_cpu_node_says_not_applicable(tmp_path):
+    rec = gpucheck.node_record(torch, 1, 1, 8, True, tmp_path, budget=60, out=tmp_path / "node")
+    assert rec["complex_ddp"] == {"ran": False, "why": gpucheck.NO_GPU}
+    assert rec["step_06"] == {"ran": False, "why": gpucheck.NO_GPU}
+    rep = gpucheck.build_report([_task(0)], rec, False)
+    assert rep["status"] == gpucheck.NO_GPU and not rep["problems"]
+    text = gpucheck.report_text(rep)
+    assert "complex gradients under DDP: not checked (no GPU: N/A)" in text
+    assert "06 on the GPU (bf16, compile, peak memory): not run (no GPU: N/A)" in text
+    assert not (tmp_path / "node").exists(), "nothing written on a CPU node"
+
+
+def test_the_tests_the_node_step_runs_itself_exist():
+    """pytest -m gpu in the day-0 job leaves out what the node step ran: the names must be real."""
+    import ast
+
+    from tests.conftest import REPO
+
+    tree = ast.parse((REPO / "tests" / "test_gpu.py").read_text())
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert set(gpucheck.COVERED_BY_NODE_STEP) <= names, set(gpucheck.COVERED_BY_NODE_STEP) - names
+    for script in gpucheck.STEP_SCRIPTS.values():
+        assert (REPO / script).is_file(), script
+
+
+def _two_gpus_seen():
+    """A torch that says 2 GPUs: the node step's plumbing, run on the CPU (over gloo)."""
+    return types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 2)
+    )
+
+
+@pytest.mark.slow
+def test_complex_ddp_step_runs_the_real_check(tmp_path):
+    """The node step's torchrun of wellfno.ddp, over gloo here: its result and its one line."""
+    rec = gpucheck.run_complex_ddp(_two_gpus_seen(), tmp_path / "c", timeout=240, backend="gloo")
+    check = rec["complex_ddp"]
+    assert check["ran"] and check["summary"]["plain"]["ok"] and check["summary"]["hook"]["ok"], (
+        check
+    )
+    assert gpucheck.complex_ddp_line(rec).startswith(
+        "complex gradients under DDP: plain DDP averages them right"
+    )
+    assert rec["transport"] == {
+        "ran": True,
+        "kinds": {},
+        "transports": {},
+    }  # gloo prints no NCCL line
+    assert (tmp_path / "c" / "rank1.pt").is_file()
+
+
+@pytest.mark.slow
+def test_step_06_runs_compare_losses_and_memory(tmp_path, monkeypatch):
+    """The node step's runs of solution 06 (float32 and bf16; compile is the GPU's) on the CPU."""
+    from tests.conftest import REPO
+
+    monkeypatch.setattr(gpucheck, "RUN_06", [a if a != "cuda" else "cpu" for a in gpucheck.RUN_06])
+    monkeypatch.setattr(gpucheck, "RUNS_06", {"float32": [], "bf16": ["--amp", "bf16"]})
+    step = gpucheck.run_06_on_gpu(_two_gpus_seen(), tmp_path, REPO, timeout=300)
+    runs = step["runs"]
+    assert runs["float32"]["ok"] and len(runs["float32"]["losses"]) == 5, runs
+    assert runs["bf16"]["ok"] and 0 < runs["bf16"]["max_relative_loss_difference"] < 1e-3, runs
+    assert all(r["peak_memory_bytes"] > 0 for r in runs.values())

@@ -25,6 +25,7 @@ import argparse
 import math
 import os
 import platform
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,9 +60,14 @@ GPU_PEAKS = {
     "MI300A": dict(fp32=122.6e12, fp32_matrix=122.6e12, tf32=490.3e12, bf16=980.6e12, fp16=980.6e12,
                    source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300a.html"),
 }
-# How torch.cuda.get_device_name() spells them (ROCm: "AMD Instinct MI250X", "AMD Instinct MI300A").
-_NAME_KEYS = (("MI300A", "MI300A"), ("MI250X", "MI250X (one GCD)"), ("H200 NVL", "H200 NVL"), ("H200", "H200"),
-              ("H100 NVL", "H100 NVL"), ("H100 PCIe", "H100 PCIe"), ("H100", "H100 SXM"), ("A100", "A100"))
+# How torch.cuda.get_device_name() spells them, matched as whole words ("A100" is not "RTX A1000"),
+# first match wins. ROCm names one MI250 PCI id (0x740c) "AMD Instinct MI250X/MI250" (torch's
+# collect_env on such nodes; ray's amd_gpu.py product table): it may be either, and the MI250X's
+# peak, the larger, is taken, so that MFU is never overstated. A plain MI250 (lower peaks) has no
+# row: no MFU rather than one against the wrong peak.
+_NAME_KEYS = (("MI300A", "MI300A"), ("MI250X", "MI250X (one GCD)"), ("H200 NVL", "H200 NVL"),
+              ("H200", "H200"), ("H100 NVL", "H100 NVL"), ("H100 PCIe", "H100 PCIe"),
+              ("H100", "H100 SXM"), ("A100", "A100"))
 AMD_ZEN4_FAMILY = 25  # Zen 3/4 (family 19h): a 512-bit AVX-512 op runs as two 256-bit halves
 AMX_BF16_FLOPS_PER_CYCLE = 1024  # per core; Intel 64 and IA-32 Architectures Optimization Reference Manual, AMX
 
@@ -157,15 +163,25 @@ def cpu_peak(cores: int | None = None) -> Peak:
     return Peak(name, flops, source, estimate=True)
 
 
+def gpu_row(name: str) -> str | None:
+    """The GPU_PEAKS row of a device name, or None: each key must appear as whole words (not
+    inside a longer model number: RTX A1000, GH200 and MI250 are not A100, H200 and MI250X)."""
+    for key, row in _NAME_KEYS:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name, re.IGNORECASE):
+            return row
+    return None
+
+
 def device_peak(device: torch.device) -> Peak:
     """The peak of `device`: the table for known GPUs, an estimate for a CPU, empty otherwise."""
     if device.type == "cpu":
         return cpu_peak()
     gpu = torch.cuda.get_device_name(device)
-    for key, row in _NAME_KEYS:
-        if key.lower() in gpu.lower():
-            peaks = dict(GPU_PEAKS[row])
-            return Peak(f"{gpu} ({row})", {k: v for k, v in peaks.items() if k != "source"}, peaks["source"])
+    row = gpu_row(gpu)
+    if row:
+        peaks = dict(GPU_PEAKS[row])
+        flops = {k: v for k, v in peaks.items() if k != "source"}
+        return Peak(f"{gpu} ({row})", flops, peaks["source"])
     return Peak(gpu, {}, "not in wellfno/flops.py GPU_PEAKS: add its datasheet's dense peaks to get an MFU")
 
 

@@ -2,8 +2,12 @@
 
     srun ... python -m wellfno.gpucheck task --out DIR      # every task: versions, visible devices,
                                                            # placement, matmul + FFT vs CPU float64
-    python -m wellfno.gpucheck node --out DIR [--pytest]   # one process: GPU utilization during
-                                                           # training steps; `pytest -m gpu`
+    python -m wellfno.gpucheck node --out DIR [--pytest]   # one process with the node's GPUs:
+                                                           # utilization during training steps;
+                                                           # the course's steps on the GPU (DDP's
+                                                           # complex gradients over NCCL/RCCL and
+                                                           # its transport, 06 with bf16 and
+                                                           # compile, peak memory); `pytest -m gpu`
     python -m wellfno.gpucheck report DIR [--expect-gpu]   # DIR/gpu_check.json + gpu_check.txt;
                                                            # exit 1 when a check failed
 
@@ -20,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -228,8 +233,10 @@ def train_steps(torch, device, steps: int, batch: int, grid: int, warmup: int = 
             "final_loss": float(loss.detach().cpu())}
 
 
-def run_pytest_gpu(repo: Path, timeout: float = 1200) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]
+def run_pytest_gpu(repo: Path, timeout: float = 1200, deselect: tuple[str, ...] = ()) -> dict:
+    skip = ["-k", " and ".join(f"not {name}" for name in deselect)] if deselect else []
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *skip,
+           "tests"]
     try:
         r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -242,7 +249,225 @@ def run_pytest_gpu(repo: Path, timeout: float = 1200) -> dict:
             "summary": summary, "counts": counts, "output_tail": "\n".join(tail[-30:])}
 
 
-def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Path) -> dict:
+# --------------------------------------------------------------------------- the course's steps
+# The solution each GPU check runs, by what it checks: when a step is renamed or split, its line
+# here is the one to change.
+STEP_SCRIPTS = {
+    "mixed_precision": "solutions/06_efficiency/fno.py",
+    "compile": "solutions/06_efficiency/fno.py",
+    "peak_memory": "solutions/06_efficiency/fno.py",
+}
+# The loss with --amp bf16 / --compile against float32, as tests/test_06_efficiency.py bounds it
+# on the CPU (where its comment says why): bf16 1e-3, compile 1e-4 relative, every step.
+LOSS_TOLERANCE = {"bf16": 1e-3, "compile": 1e-4}
+RUNS_06 = {"float32": [], "bf16": ["--amp", "bf16"], "compile": ["--compile"]}
+RUN_06 = [
+    "--epochs",
+    "1",
+    "--batch-size",
+    "8",
+    "--max-steps",
+    "5",
+    "--log-every",
+    "1",
+    "--bind",
+    "none",
+    "--device",
+    "cuda",
+]
+# tests/test_gpu.py's tests of what the node step already ran itself: `pytest -m gpu` leaves them
+# out there, so that the job runs each check once (tests/test_gpucheck.py checks the names exist).
+COVERED_BY_NODE_STEP = (
+    "test_gpu_complex_gradients_two_ranks_equal_one_rank",
+    "test_gpu_nccl_transport_is_reported",
+    "test_gpu_06_low_precision_and_compile_track_float32",
+)
+
+# NCCL's and RCCL's INFO line for each connection of a channel between two ranks, e.g.
+#   node:919:1150 [0] NCCL INFO Channel 01/0 : 8[0] -> 15[7] via P2P/IPC/read
+#   node:926:1151 [7] NCCL INFO Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3
+#     (https://github.com/NVIDIA/nccl/issues/952)
+#   machine-1:16194:18583 [3] NCCL INFO Channel 00 : 11[3e000] -> 9[1b000] via P2P/direct pointer
+#     (https://github.com/NVIDIA/nccl/issues/429)
+#   ubuntu:39964:40050 [6] NCCL INFO Channel 09 : 6[6] -> 7[7] via SHM/direct/direct
+#     (https://github.com/NVIDIA/nccl-tests/issues/166)
+#   g1072:1263988:1264006 [3] NCCL INFO Channel 00/0 : 7[ce000] -> 5[c6000] via P2P/IPC comm
+#     0xfb16e30 nRanks 08   (one line)
+#     (RCCL: https://github.com/ROCm/rccl/issues/1026)
+_CHANNEL = re.compile(
+    r"NCCL INFO Channel \d+(?:/\d+)? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
+    r"(?: \[(?:send|receive)\])? via (P2P/direct pointer|\S+)"
+)
+TRANSPORT_KINDS = {
+    "P2P": "P2P (GPU to GPU: NVLink/xGMI or PCIe)",
+    "SHM": "SHM (through host memory)",
+    "NET": "NET (through the network stack)",
+}
+
+
+def nccl_transports(text: str) -> dict:
+    """Which transports NCCL/RCCL connected the ranks' channels with, from NCCL_DEBUG=INFO output:
+    {"kinds": {"P2P": n, ...}, "transports": {"P2P/IPC/read": n, ...}}, by connection."""
+    kinds, transports = {}, {}
+    for m in _CHANNEL.finditer(text):
+        via = m.group(3)
+        kind = via.split("/")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+        transports[via] = transports.get(via, 0) + 1
+    return {"kinds": kinds, "transports": transports}
+
+
+def transport_line(found: dict | None) -> str:
+    if not found or not found.get("ran"):
+        why = (found or {}).get("why", "not run")
+        return f"NCCL/RCCL transport between this node's GPUs: not seen ({why})"
+    kinds = found["kinds"]
+    if not kinds:
+        return ("NCCL/RCCL transport between this node's GPUs: no channel line in the "
+                "NCCL_DEBUG=INFO output")
+    parts = [f"{TRANSPORT_KINDS.get(k, k)}: {n} connection(s)" for k, n in sorted(kinds.items())]
+    detail = ", ".join(sorted(found["transports"]))
+    advice = (
+        "; NET between GPUs of one node: they cannot reach each other directly (per-task GPU "
+        "binding? see slurm/README.md)"
+        if "NET" in kinds
+        else ""
+    )
+    return f"NCCL/RCCL transport between this node's GPUs: {'; '.join(parts)} ({detail}){advice}"
+
+
+def _budget_left(deadline: float, cap: float) -> float:
+    return max(1.0, min(cap, deadline - time.monotonic()))
+
+
+def run_complex_ddp(torch, out: Path, timeout: float, backend: str = "nccl") -> dict:
+    """wellfno.ddp's check on 2 of the node's GPUs (torchrun --standalone, nccl/RCCL), with
+    NCCL_DEBUG=INFO: whether plain DDP averages complex gradients right, and the transport."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < 2:
+        why = NO_GPU if count == 0 else f"needs 2 GPUs, torch sees {count}"
+        return {"complex_ddp": {"ran": False, "why": why}, "transport": {"ran": False, "why": why}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
+    env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,P2P,SHM,NET")  # the channels' transports
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "wellfno.ddp",
+        "--out",
+        str(out),
+        "--backend",
+        backend,
+    ]
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        text = (
+            e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        )
+        return {
+            "complex_ddp": {
+                "ran": True,
+                "backend": backend,
+                "why": f"timed out after {timeout:.0f} s",
+            },
+            "transport": {"ran": True, **nccl_transports(text)},
+        }
+    text = r.stdout + r.stderr
+    result_file = out / "complex_ddp.json"
+    if r.returncode == 0 and result_file.is_file():
+        check = json.loads(result_file.read_text())
+        check.pop("differences", None)  # per-parameter numbers stay in complex_ddp.json
+    else:
+        tail = [line for line in text.splitlines() if line.strip()][-3:]
+        check = {
+            "ran": True,
+            "backend": backend,
+            "why": f"exit {r.returncode}: " + " | ".join(tail),
+        }
+    return {"complex_ddp": check, "transport": {"ran": True, **nccl_transports(text)}}
+
+
+def _losses(metrics: dict) -> list[float]:
+    return [loss for _, loss in metrics["history"][0]["loss_log"]]
+
+
+def run_06_on_gpu(torch, out: Path, repo: Path, timeout: float) -> dict:
+    """Step 06 on the GPU, float32, --amp bf16 and --compile, a few steps on the tiny embedded
+    data: the losses against float32 (LOSS_TOLERANCE) and each run's peak device memory."""
+    if not torch.cuda.is_available():
+        return {"ran": False, "why": NO_GPU}
+    from wellfno.grayscott import generate
+
+    data = out / "data"
+    if not (data / "datasets").is_dir():
+        generate(data, "tiny", seed=0, quiet=True)
+    deadline = time.monotonic() + timeout
+    runs = {}
+    for name, extra in RUNS_06.items():
+        script = STEP_SCRIPTS["compile" if name == "compile" else "mixed_precision"]
+        run_out = out / name
+        cmd = [
+            sys.executable,
+            str(repo / script),
+            "--data-dir",
+            str(data),
+            "--out",
+            str(run_out),
+            *RUN_06,
+            *extra,
+        ]
+        try:
+            r = subprocess.run(
+                cmd,
+                cwd=repo,
+                capture_output=True,
+                text=True,
+                timeout=_budget_left(deadline, timeout),
+            )
+        except subprocess.TimeoutExpired:
+            runs[name] = {"ok": False, "why": "timed out"}
+            continue
+        if r.returncode != 0:
+            error = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+            runs[name] = {
+                "ok": False,
+                "why": (error or r.stderr.strip().splitlines()[-1:] or ["?"])[-1],
+                "not_supported": "has no bfloat16 units" in r.stderr,
+            }
+            continue
+        metrics = json.loads((run_out / "metrics.json").read_text())
+        runs[name] = {
+            "ok": True,
+            "script": script,
+            "losses": _losses(metrics),
+            "peak_memory_bytes": metrics["peak_memory_bytes"],
+            "samples_per_second": metrics["samples_per_second"],
+        }
+    reference = runs["float32"]
+    for name, run in runs.items():
+        if name == "float32":
+            continue
+        if run["ok"] and reference["ok"]:
+            off = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference["losses"]))
+            run.update(
+                max_relative_loss_difference=off,
+                tolerance=LOSS_TOLERANCE[name],
+                ok=off < LOSS_TOLERANCE[name] and len(run["losses"]) == len(reference["losses"]),
+            )
+    return {"ran": True, "runs": runs}
+
+
+def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Path,
+                budget: float = 540, out: Path | None = None) -> dict:
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     pci = None
@@ -252,6 +477,7 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
             pci = visible_gpu_pci(torch)[0]
         except Exception:  # noqa: BLE001 - old torch: no PCI address, nvidia-smi/rocm-smi unusable
             pci = None
+    deadline = time.monotonic() + budget  # the node step's share of the job's 10 minutes
     rec = {"host": socket.gethostname(), "gpus_visible": torch.cuda.device_count() if gpu else 0}
     if gpu:
         with UtilizationSampler(torch, 0, pci) as sampler:
@@ -260,8 +486,12 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
     else:
         rec["training"] = train_steps(torch, device, steps, batch, grid)
         rec["utilization"] = {"available": False, "text": f"not available ({NO_GPU})"}
+    work = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gpucheck-"))
+    rec.update(run_complex_ddp(torch, work / "complex_ddp", _budget_left(deadline, 180)))
+    rec["step_06"] = run_06_on_gpu(torch, work / "step_06", repo, _budget_left(deadline, 300))
     if pytest and gpu:
-        rec["pytest_gpu"] = run_pytest_gpu(repo)
+        rec["pytest_gpu"] = run_pytest_gpu(repo, timeout=_budget_left(deadline, budget),
+                                           deselect=COVERED_BY_NODE_STEP)
     elif pytest:
         rec["pytest_gpu"] = {"ran": False, "ok": True, "summary": f"not run: {NO_GPU} (every gpu test would skip)"}
     else:
@@ -294,11 +524,69 @@ def build_report(tasks: list[dict], node: dict | None, expect_gpu: bool) -> dict
         problems.append(f"two tasks share a GPU: {sorted(seen)}")
     if node is None:
         problems.append("no node results (the training/pytest step did not run)")
-    elif not node["pytest_gpu"]["ok"]:
-        problems.append(f"pytest -m gpu failed: {node['pytest_gpu']['summary']}")
+    else:
+        problems += course_problems(node)
+        if not node["pytest_gpu"]["ok"]:
+            problems.append(f"pytest -m gpu failed: {node['pytest_gpu']['summary']}")
     any_gpu = any(t["gpus"] for t in tasks)
     status = "FAIL" if problems else ("PASS" if any_gpu else NO_GPU)
     return {"status": status, "problems": problems, "expect_gpu": expect_gpu, "tasks": tasks, "node": node}
+
+
+def complex_ddp_line(node: dict) -> str:
+    from wellfno.ddp import verdict_line
+
+    return verdict_line(node.get("complex_ddp") or {"ran": False, "why": "not run"})
+
+
+def course_problems(node: dict) -> list[str]:
+    """What the course's GPU steps found wrong (a node.json without them: nothing)."""
+    problems = []
+    check = node.get("complex_ddp") or {}
+    if check.get("ran") and not check.get("summary", {}).get("plain", {}).get("ok"):
+        problems.append(complex_ddp_line(node))
+    for name, run in (node.get("step_06") or {}).get("runs", {}).items():
+        if run.get("not_supported"):
+            continue  # e.g. bf16 on a GPU without bfloat16 units: the script refuses, as it should
+        if not run["ok"]:
+            where = STEP_SCRIPTS["compile" if name == "compile" else "mixed_precision"]
+            detail = run.get("why") or (
+                f"loss off float32 by {run['max_relative_loss_difference']:.1e} "
+                f"relative > {run['tolerance']:g}"
+            )
+            problems.append(f"{where} on the GPU ({name}): {detail}")
+    return problems
+
+
+def step_06_lines(step: dict | None) -> list[str]:
+    if not step or not step.get("ran"):
+        return [
+            f"06 on the GPU (bf16, compile, peak memory): not run "
+            f"({(step or {}).get('why', 'not run')})"
+        ]
+    runs = step["runs"]
+    lines = []
+    for name, r in runs.items():
+        if name == "float32":
+            continue
+        if "max_relative_loss_difference" in r:
+            lines.append(
+                f"06 --{'amp bf16' if name == 'bf16' else 'compile'}: loss within "
+                f"{r['max_relative_loss_difference']:.1e} of float32 over {len(r['losses'])} steps "
+                f"(tolerance {r['tolerance']:g}): {'ok' if r['ok'] else 'FAILED'}"
+            )
+        else:
+            lines.append(
+                f"06 --{'amp bf16' if name == 'bf16' else 'compile'}: {r.get('why', 'not run')}"
+            )
+    memory = [
+        f"{name} {r['peak_memory_bytes'] / 2**20:.0f} MiB"
+        for name, r in runs.items()
+        if r.get("peak_memory_bytes") is not None
+    ]
+    if memory:
+        lines.append("06 peak device memory (training only, batch 8): " + ", ".join(memory))
+    return lines
 
 
 def report_text(rep: dict) -> str:
@@ -332,6 +620,9 @@ def report_text(rep: dict) -> str:
                          f"mean {ut['mean_percent']:.0f}%, median {ut['median_percent']:.0f}%, max {ut['max_percent']:.0f}%")
         else:
             lines.append(f"GPU utilization: {ut['text']}")
+        lines.append(complex_ddp_line(node))
+        lines.append(transport_line(node.get("transport")))
+        lines += step_06_lines(node.get("step_06"))
         lines.append(f"pytest -m gpu: {node['pytest_gpu']['summary']}")
     for p in rep["problems"]:
         lines.append(f"PROBLEM: {p}")
@@ -358,6 +649,8 @@ def main(argv=None) -> int:
     n.add_argument("--batch-size", type=int, default=16, help="batch size (16: fno.py's default)")
     n.add_argument("--grid", type=int, default=32, help="grid size (32: the demo dataset)")
     n.add_argument("--pytest", action="store_true", help="also run `pytest -m gpu` (where torch sees a GPU)")
+    n.add_argument("--budget", type=float, default=540,
+                   help="seconds for this step, all its parts together (the job: 10 minutes)")
     r = sub.add_parser("report", help="merge into gpu_check.json + gpu_check.txt")
     r.add_argument("folder")
     r.add_argument("--expect-gpu", action="store_true", help="a GPU site: no GPU is a failure")
@@ -368,7 +661,7 @@ def main(argv=None) -> int:
         if out.exists() and not out.is_dir():
             raise UserError(f"--out {out} is a file; give a folder")
         if args.cmd == "node":
-            for name in ("steps", "batch_size", "grid"):
+            for name in ("steps", "batch_size", "grid", "budget"):
                 if getattr(args, name) < 1:
                     raise UserError(f"--{name.replace('_', '-')} must be at least 1")
         out.mkdir(parents=True, exist_ok=True)
@@ -381,7 +674,8 @@ def main(argv=None) -> int:
                           f"FFT {'ok' if g['fft_ok'] else 'FAILED'}" for g in rec["gpus"]), flush=True)
         else:
             rec = node_record(torch, args.steps, args.batch_size, args.grid, args.pytest,
-                              Path(__file__).resolve().parents[1])
+                              Path(__file__).resolve().parents[1], budget=args.budget,
+                              out=out / "node")
             atomic_write_json(out / "node.json", rec)
         return 0
 

@@ -5,13 +5,6 @@
     torchrun --nproc-per-node 4 solutions/06_efficiency/fno.py --amp bf16  # with DDP, as solution 05
     nsys profile --trace=cuda,nvtx,osrt -o runs/nsys python solutions/06_efficiency/fno.py --nvtx --max-steps 50
 
-Solution 05:
-
-    torchrun --nproc-per-node 4 solutions/05_ddp/fno.py --batch-size 16      # 4 ranks, 16 samples each per step
-    srun -N 2 --ntasks-per-node 4 --gpus-per-task 1 python solutions/05_ddp/fno.py   # one task per GPU
-    python solutions/05_ddp/fno.py                                            # one rank, as solution 03
-    torchrun --nproc-per-node 3 solutions/05_ddp/fno.py --eval-only --out runs/ddp  # evaluate OUT/checkpoint.pt
-
 Rank 0 writes OUT/metrics.json (with FLOPs per sample, achieved FLOP/s and MFU), OUT/rollout.png and
 OUT/checkpoint.pt (`--resume` continues from it, with any number of ranks); --eval-only writes OUT/eval.json
 and OUT/rollout.png.
@@ -25,6 +18,7 @@ import resource
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -125,6 +119,12 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def reset_peak_memory(device):
+    """Start the device's peak-memory count afresh (a GPU's; a process's max RSS has no reset)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def check_amp(amp, device):
     if amp == "bf16" and device.type == "cuda":
         try:  # emulated bf16 (e.g. on a V100) runs slower than float32: only the real thing counts
@@ -134,8 +134,25 @@ def check_amp(amp, device):
         if not native:
             raise UserError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 units: "
                             f"use --amp fp16")
-    if amp != "none" and not torch.amp.is_autocast_available(device.type):
-        raise UserError(f"--amp {amp}: torch has no autocast for {device.type}: use --amp none")
+    if amp != "none" and not autocast_works(device.type, AMP_DTYPES[amp]):
+        raise UserError(f"--amp {amp}: torch has no {amp} autocast for {device.type}: "
+                        f"use --amp none")
+
+
+AMP_DTYPES = dict(bf16=torch.bfloat16, fp16=torch.float16)
+
+
+def autocast_works(device_type, dtype):
+    """Whether torch.autocast(device_type, dtype) autocasts. torch.amp.is_autocast_available exists
+    only from torch 2.4; constructing the context works from 2.3 on: an unknown device type raises,
+    an unsupported dtype warns and turns autocast off (its `_enabled`)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "...Disabling autocast": `_enabled` says it
+            context = torch.autocast(device_type, dtype=dtype)
+    except (RuntimeError, ValueError, AssertionError):
+        return False
+    return getattr(context, "_enabled", True)
 
 
 def check_compiler(device):
@@ -148,6 +165,21 @@ def check_compiler(device):
     elif importlib.util.find_spec("triton") is None:
         raise UserError("--compile on a GPU needs Triton (pip install triton; ROCm: pytorch-triton-rocm), "
                         "which this torch lacks: install it or run without --compile")
+    elif not host_c_compiler():
+        raise UserError("--compile on a GPU needs a host C compiler for Triton (gcc or clang on "
+                        "PATH, or CC) and there is none: install one (e.g. apt install gcc, or "
+                        "module load gcc) or run without --compile")
+
+
+def host_c_compiler():
+    """The C compiler Triton builds its kernel launchers with, found as Triton finds it: $CC,
+    else gcc, else clang on PATH (python/triton/runtime/build.py in triton-lang/triton, which
+    otherwise fails at the first kernel: "Failed to find C compiler. Please specify via CC
+    environment variable.")."""
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return shutil.which("gcc") or shutil.which("clang")
 
 
 def spectral_convs_in_float32(fno):
@@ -376,16 +408,17 @@ def train(args, env, backend, device):
     # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width, modes=args.modes,
                                      layers=args.layers)
-    print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    log(memory.check_step_fits(model, args.batch_size, device))  # stops here (every rank) if a step cannot fit
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range needs it
-    amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
+    amp_dtype = AMP_DTYPES.get(args.amp)
     autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     # FLOPs of one training step on this input size: forward + backward, counted once (shapes only matter).
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)  # frames + constant fields
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
+    reset_peak_memory(device)  # the count ran the batch in float32: the peak is training's own
     first_epoch, step, history = 1, 0, []
     if (args.resume or args.eval_only) and checkpoint.exists():  # every rank loads it: same model, same Adam state
         state = load_checkpoint(checkpoint, map_location=device)
@@ -459,7 +492,7 @@ def train(args, env, backend, device):
         if not trace.exists():
             raise UserError(f"the run ended after {step} steps, before the profiled window: raise --epochs")
         if env.rank == 0:
-            sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
             print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
             loaded = summarize.print_summary(trace)
             print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and {timeline.draw(trace, trace=loaded)}")

@@ -1,0 +1,186 @@
+"""wellfno.ddp: complex gradients under DDP, through the real-view hook and without it, on the CPU.
+
+What can go wrong over NCCL/RCCL (pytorch/pytorch#158753: the imaginary part of complex gradients
+lost under DDP) cannot be reproduced here: with gloo (torch 2.13) plain DDP averages complex
+gradients right, and neither a process group that returns the real view as the collective's result
+(as ProcessGroupNCCL does) nor a hook that returns the real view changed DDP's gradients (issue 18).
+So these tests check that the hook is a faithful stand-in for plain DDP (equal on gloo, and equal
+to one rank with the whole batch) and that the comparison would see a lost imaginary part; the
+NCCL behaviour itself is tests/test_gpu.py's (2 GPUs) and the day-0 check's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.conftest import REPO, run_script
+from tests.test_05_ddp import assert_ok, launch
+from wellfno import ddp
+
+TOLERANCE = 1e-5  # as tests/test_05_ddp.py: the same sums in another order, float32
+
+
+def parts(t: torch.Tensor) -> dict:
+    return {"real": t.real, "imag": t.imag} if t.is_complex() else {"real": t}
+
+
+def assert_close_parts(got: dict, ref: dict, what: str):
+    """Every tensor of `got`, real and imaginary parts apart, within TOLERANCE of `ref` (relative to
+    the largest entry of that part of `ref`)."""
+    assert got.keys() == ref.keys()
+    for name in ref:
+        for part, r in parts(ref[name]).items():
+            g = parts(got[name])[part]
+            scale = r.double().abs().max().clamp_min(1e-30)
+            off = ((g.double() - r.double()).abs().max() / scale).item()
+            assert off <= TOLERANCE, f"{what}: {name} {part} part off by {off:.2e} relative"
+
+
+@pytest.fixture(scope="module")
+def gloo_check(tmp_path_factory):
+    """2 ranks over gloo: plain DDP and DDP with the hook, 2 ranks x 2 samples; rank 0's reference:
+    1 rank x 4 samples. One launch, two processes."""
+    out = tmp_path_factory.mktemp("complex_ddp")
+    assert_ok(
+        launch(
+            REPO / "wellfno" / "ddp.py",
+            2,
+            "--out",
+            out,
+            "--backend",
+            "gloo",
+            "--batch-size",
+            "2",
+            timeout=240,
+        )
+    )
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ddp.VARIANTS)
+def test_two_ranks_equal_one_rank_with_the_whole_batch(gloo_check, variant):
+    """Gradients and parameters after one step of the real FNO: 2 ranks x b == 1 rank x 2b, real and
+    imaginary parts of every parameter, on both ranks."""
+    reference = torch.load(gloo_check / "reference.pt", weights_only=True)
+    complex_grads = [g for g in reference["grad"].values() if g.is_complex()]
+    assert complex_grads, "the FNO has complex (spectral) weights"
+    assert all(g.imag.abs().max() > 0 for g in complex_grads), (
+        "a zero imaginary gradient: nothing to check"
+    )
+    for rank in (0, 1):
+        held = torch.load(gloo_check / f"rank{rank}.pt", weights_only=True)[variant]
+        for what in ("grad", "param"):
+            assert_close_parts(held[what], reference[what], f"rank {rank}, {variant} DDP, {what}")
+
+
+@pytest.mark.slow
+def test_hook_equals_plain_ddp_and_the_report_says_so(gloo_check):
+    import json
+
+    plain, hook = (torch.load(gloo_check / "rank0.pt", weights_only=True)[v] for v in ddp.VARIANTS)
+    assert_close_parts(hook["grad"], plain["grad"], "hook vs plain DDP")
+    result = json.loads((gloo_check / ddp.RESULT).read_text())
+    assert result["summary"]["plain"]["ok"] and result["summary"]["hook"]["ok"], result["summary"]
+    assert (
+        result["backend"] == "gloo"
+        and result["world_size"] == 2
+        and result["complex_parameters"] >= 1
+    )
+    assert result["complex_buckets_as"] and set(result["complex_buckets_as"]) <= {
+        "complex64",
+        "float32",
+    }
+    assert result["line"].startswith("complex gradients under DDP: plain DDP averages them right")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Bucket:  # what DDP hands a hook: buffer() is the flat gradients of the bucket's parameters
+    def __init__(self, buffer):
+        self._buffer = buffer
+
+    def buffer(self):
+        return self._buffer
+
+
+def test_hook_reduces_the_bucket_in_place_and_returns_it_complex():
+    """The hook's future gives back the bucket itself (complex, same memory), never a real view:
+    a real result is what DDP's reducer would have to copy back into complex gradients."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    try:
+        bucket = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
+        result = ddp.complex_as_real_allreduce_hook(None, _Bucket(bucket)).wait()
+        assert result is bucket and result.dtype == torch.complex64
+        assert torch.equal(
+            result, torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
+        )  # mean of 1 rank
+        real = torch.tensor([4.0, 2.0])
+        assert ddp.complex_as_real_allreduce_hook(None, _Bucket(real)).wait() is real
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_lost_imaginary_part_is_seen_and_the_line_says_what_to_switch_on():
+    """The comparison on the real FNO's gradients: zero the imaginary parts (#158753's symptom)
+    and plain DDP must fail the check; the line names the hook to register."""
+    model = ddp.example_model(torch.device("cpu"), grid=8, width=4, modes=4)
+    x, y = ddp.example_batch(2, 8, torch.device("cpu"))
+    reference = ddp.train_step(model, model.loss, x, y)
+    lost = {
+        n: (torch.complex(g.real, torch.zeros_like(g.real)) if g.is_complex() else g)
+        for n, g in reference["grad"].items()
+    }
+    same = {w: ddp.relative_differences(reference[w], reference[w]) for w in ("grad", "param")}
+    broken = dict(same, grad=ddp.relative_differences(lost, reference["grad"]))
+    check = dict(
+        ran=True,
+        library="NCCL 2.21.5",
+        world_size=2,
+        batch=2,
+        tolerance=ddp.TOLERANCE,
+        summary=ddp.summarize({"plain": broken, "hook": same}),
+    )
+    assert not check["summary"]["plain"]["ok"] and check["summary"]["hook"]["ok"]
+    assert check["summary"]["plain"]["grad"]["part"] == "imag"
+    assert check["summary"]["plain"]["grad"]["relative_difference"] == 1.0
+    line = ddp.verdict_line(check)
+    assert "plain DDP does NOT average them right" in line and "register_comm_hook" in line, line
+    assert "\n" not in line
+    check["summary"] = ddp.summarize({"plain": broken, "hook": broken})
+    assert "neither plain DDP nor" in ddp.verdict_line(check)
+    assert (
+        ddp.verdict_line({"ran": False, "why": "needs 2 GPUs, torch sees 1"})
+        == "complex gradients under DDP: not checked (needs 2 GPUs, torch sees 1)"
+    )
+
+
+def test_without_a_launcher_is_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run(
+        [sys.executable, "-m", "wellfno.ddp", "--out", str(tmp_path / "o")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stderr.strip().startswith(
+        "error: start the ranks with a launcher"
+    )
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+    r = run_script("-m", "wellfno.ddp", "--out", tmp_path / "o", "--batch-size", "0")
+    assert r.returncode == 2 and "must be positive" in r.stderr
