@@ -56,7 +56,8 @@ def _write(stopped_at=None):
     env = os.environ
     _RECORD["cpus"] = sorted(os.sched_getaffinity(0))
     _RECORD["env"] = {k: v for k, v in env.items() if k.startswith(("SLURM_", "CUDA_", "ROCR_", "HIP_"))
-                      or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GPU_VENDOR")}
+                      or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GPU_VENDOR",
+                               "SLURMD_NODENAME")}
     rank = env.get("RANK") or env.get("SLURM_PROCID", "0")
     name = (f"{env.get('SLURM_JOB_NAME', 'local')}-{env.get('SLURM_JOB_ID', '0')}."
             f"{env.get('SLURM_STEP_ID', 'x')}-{rank}-{os.getpid()}.json")
