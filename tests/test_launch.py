@@ -31,8 +31,8 @@ def test_srun_variables_with_uneven_nodes():
     assert env.launcher == "srun" and env.step_gpus is None
     # the node's GPUs for the step come from SLURM_GPUS_ON_NODE; SLURM_STEP_GPUS is per task
     # under --gpus-per-task and --gpu-bind=closest (MEASURED below)
-    env = launch_environment({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_GPUS": "1",
-                              "SLURM_GPUS_ON_NODE": "4"})
+    env = launch_environment({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+                              "SLURM_STEP_GPUS": "1", "SLURM_GPUS_ON_NODE": "4"})
     assert env.step_gpus == 4
 
 
@@ -155,7 +155,7 @@ def test_gpu_index_for_edges():
 
 
 class FakeGroup:
-    """torch.distributed as check_gpu_not_shared sees it: this rank, and what the others gathered."""
+    """torch.distributed as check_gpu_not_shared sees it: this rank, and what every rank sent."""
 
     def __init__(self, rank, gathered):
         self.rank, self.gathered = rank, gathered
@@ -187,8 +187,8 @@ def test_two_ranks_on_one_physical_gpu_stop_with_one_line(monkeypatch):
         monkeypatch.setattr(dist, name, getattr(FakeGroup(0, shared), name))
     with pytest.raises(UserError) as err:
         devmod.check_gpu_not_shared(torch.device("cuda", 0))
-    assert str(err.value).startswith("ranks 0 and 2 both drive GPU 0000:07:00.0 on n1: give each rank its own "
-                                     "GPU with srun --ntasks-per-node=N --gpus-per-node=N")
+    assert str(err.value).startswith("ranks 0 and 2 both drive GPU 0000:07:00.0 on n1: give each "
+                                     "rank its own GPU with srun --ntasks-per-node=N")
     for name in ("get_rank", "all_gather_object"):   # the other ranks exit 2 without a word
         monkeypatch.setattr(dist, name, getattr(FakeGroup(2, shared), name))
     with pytest.raises(SystemExit) as stop:

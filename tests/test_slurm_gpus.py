@@ -78,12 +78,12 @@ def assert_one_gpu_per_rank(recs: list[dict], where: str) -> None:
     by_rank = {}
     for r in recs:
         assert r["gpu"] is not None, f"{where}: rank {r['rank']} drove no GPU: {r}"
-        assert r["gpu"] in r["visible"], f"{where}: rank {r['rank']} drives a GPU it cannot see: {r}"
+        assert r["gpu"] in r["visible"], f"{where}: rank {r['rank']} drives an unseen GPU: {r}"
         by_rank.setdefault(r["rank"], set()).add((r["host"], r["gpu"]))
     owners = {}
     for rank, gpus in sorted(by_rank.items()):
         for gpu in gpus:
-            assert gpu not in owners, f"{where}: ranks {owners[gpu]} and {rank} both drive GPU {gpu}"
+            assert gpu not in owners, f"{where}: ranks {owners[gpu]} and {rank} share GPU {gpu}"
             owners[gpu] = rank
 
 
@@ -92,13 +92,15 @@ def gpu_jobs(slurm_gpus, slurm_data, tmp_path_factory) -> dict:
     """Both tests' jobs, submitted at once so that they share the cluster's scheduling rounds."""
     root = tmp_path_factory.mktemp("slurm_gpus")
     modes_env = seam_env(root / "modes", slurm_data, "nvidia", GPUS_PER_NODE="4",
-                         PCI_nvidia=",".join(RECORDED_PCI["nvidia"]), PCI_amd=",".join(RECORDED_PCI["amd"]))
+                         PCI_nvidia=",".join(RECORDED_PCI["nvidia"]),
+                         PCI_amd=",".join(RECORDED_PCI["amd"]))
     script = root / "gpu_modes.sbatch"
     script.write_text(MODES_JOB)
     modes = None
     if slurm_gpus >= 4:
         modes = sbatch(str(script), env=modes_env, run_root=root / "modes" / "runs",
-                       sbatch_opts=["--nodes=1", "--ntasks=2", "--cpus-per-task=1", "--gpus-per-node=4"])
+                       sbatch_opts=["--nodes=1", "--ntasks=2", "--cpus-per-task=1",
+                                    "--gpus-per-node=4"])
     course_env = seam_env(root / "course", slurm_data, "nvidia", GPUS_PER_NODE="2")
     course = _submit_all(course_env, "00_b", "01", "02", "03", "05", "06")
     return {"modes": (modes, root / "modes"), "course": (course, course_env)}
@@ -114,8 +116,8 @@ def test_slurm_every_gpu_job_runs_its_own_gpu_selection(gpu_jobs):
     for job in jobs:
         wait(job, timeout=400)
     recs = records(Path(env["WELLFNO_GPU_SEAM"]))
-    assert {j.name for j in jobs} == {"00_baseline", "01_profiling", "02_throughput", "03_affinity_report",
-                                      "03_affinity_train", "05_ddp", "06_efficiency"}
+    assert {j.name for j in jobs} == {"00_baseline", "01_profiling", "02_throughput", "05_ddp",
+                                      "03_affinity_report", "03_affinity_train", "06_efficiency"}
     for job in jobs:
         log = job.out.read_text(errors="replace")
         bad = [line for line in error_lines(log) if any(e in line for e in SELECTION_ERRORS)]
@@ -147,21 +149,24 @@ prog=(solutions/05_ddp/fno.py --dataset "$DATASET" --data-dir "$WELL_DATA" --dev
 for vendor in nvidia amd; do
   export GPU_VENDOR=$vendor WELLFNO_GPU_SEAM_PCI="$(eval echo \$PCI_$vendor)"
   # --gpus-per-task=1 (launch_gpu, site.env's default)
-  WELLFNO_GPU_SEAM=$seam/$vendor-per_task launch_gpu --cpu-bind=cores -- "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$vendor-1"
+  WELLFNO_GPU_SEAM=$seam/$vendor-per_task launch_gpu --cpu-bind=cores -- \
+    "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$vendor-1"
   # --gpus-per-node: every GPU of the node visible to each rank (launch_ddp, the DDP steps);
   # AMD's variables change nothing there (ROCR_ and CUDA_VISIBLE_DEVICES list the same 0..3)
-  [ $vendor = nvidia ] && WELLFNO_GPU_SEAM=$seam/$vendor-per_node launch_ddp --cpu-bind=cores -- "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$vendor-2"
+  [ $vendor = nvidia ] && WELLFNO_GPU_SEAM=$seam/$vendor-per_node launch_ddp --cpu-bind=cores -- \
+    "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$vendor-2"
   # --gpu-bind=closest (site.env GPU_BIND=closest): each task sees its NUMA domain's GPUs
-  WELLFNO_GPU_SEAM=$seam/$vendor-closest _wf_run "${GPU_SRUN_FLAGS[@]}" --gpu-bind=closest --cpu-bind=cores -- \
-    "${GPU_WRAP[@]}" "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$vendor-3"
+  WELLFNO_GPU_SEAM=$seam/$vendor-closest _wf_run "${GPU_SRUN_FLAGS[@]}" --gpu-bind=closest \
+    --cpu-bind=cores -- "${GPU_WRAP[@]}" "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$vendor-3"
 done
 export GPU_VENDOR=nvidia WELLFNO_GPU_SEAM_PCI="$PCI_nvidia"
 # torchrun inside the allocation: one agent, two workers, every GPU of the job visible
 WELLFNO_GPU_SEAM=$seam/nvidia-torchrun launch_torchrun -- "${prog[@]}" --out "$RUN_DIR/torchrun"
 # Slurm leaves two ranks on one GPU: a 2-GPU step whose GPUs both sit by core 0, bound closest,
 # gives the task on core 1 "the first device in the allocation" (slurmstepd's words).
-WELLFNO_GPU_SEAM=$seam/nvidia-shared _wf_run --gpus-per-node=2 --gpu-bind=closest --cpu-bind=cores -- \
-  "${GPU_WRAP[@]}" "$PYTHON" "${prog[@]}" --out "$RUN_DIR/shared" || echo "shared step: exit $?"
+WELLFNO_GPU_SEAM=$seam/nvidia-shared _wf_run --gpus-per-node=2 --gpu-bind=closest \
+  --cpu-bind=cores -- "${GPU_WRAP[@]}" "$PYTHON" "${prog[@]}" --out "$RUN_DIR/shared" \
+  || echo "shared step: exit $?"
 """
 
 
@@ -180,7 +185,8 @@ def test_slurm_gpu_modes_drive_distinct_and_closest_gpus(gpu_jobs):
     for r in recs:
         modes.setdefault(r["mode"], []).append(r)
     expected = {f"{v}-{m}" for v in ("nvidia", "amd") for m in ("per_task", "closest")}
-    assert set(modes) == expected | {"nvidia-per_node", "nvidia-torchrun", "nvidia-shared"}, sorted(modes)
+    expected |= {"nvidia-per_node", "nvidia-torchrun", "nvidia-shared"}
+    assert set(modes) == expected, sorted(modes)
     cores = gres_cores()
     for mode, got in sorted(modes.items()):
         got.sort(key=lambda r: r["rank"])
@@ -195,16 +201,18 @@ def test_slurm_gpu_modes_drive_distinct_and_closest_gpus(gpu_jobs):
         if mode.endswith("closest"):
             for r in got:
                 near = cores.get((r["host"], r["gpu"])) or cores[("*", r["gpu"])]
-                assert set(r["cpus"]) <= near, f"{mode}: rank {r['rank']} on CPUs {r['cpus']} drives GPU {r['gpu']}"
+                assert set(r["cpus"]) <= near, (mode, r["rank"], r["cpus"], r["gpu"])
     assert [len(r["visible"]) for r in modes["nvidia-per_task"]] == [1, 1]
     assert [r["visible"] for r in modes["nvidia-per_node"]] == [[0, 1, 2, 3]] * 2
     assert [r["visible"] for r in modes["nvidia-torchrun"]] == [[0, 1, 2, 3]] * 2
     assert [r["gpu"] for r in modes["amd-closest"]] == [0, 3]  # rank 0 sees 0,1; rank 1 sees 2,3
 
     shared = modes["nvidia-shared"]
-    assert [r["gpu"] for r in shared] == [0, 0] and not any(r.get("device_work") for r in shared), shared
+    assert [r["gpu"] for r in shared] == [0, 0], shared
+    assert not any(r.get("device_work") for r in shared), "a rank on a shared GPU went on"
     log = job.out.read_text() + (job.err.read_text() if job.err.exists() else "")
     lines = [line for line in error_lines(log) if "both drive" in line]
-    assert lines == [f"error: ranks 0 and 1 both drive GPU {RECORDED_PCI['nvidia'][0]} on {shared[0]['host']}: "
-                     "give each rank its own GPU with srun --ntasks-per-node=N --gpus-per-node=N "
+    gpu0, host = RECORDED_PCI["nvidia"][0], shared[0]["host"]
+    assert lines == [f"error: ranks 0 and 1 both drive GPU {gpu0} on {host}: give each rank its "
+                     "own GPU with srun --ntasks-per-node=N --gpus-per-node=N "
                      "(slurm/submit_all.sh does it), or --gpus-per-task=1"], log[-3000:]

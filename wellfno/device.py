@@ -49,7 +49,8 @@ def gpu_index_for(local_rank: int, local_world_size: int | None, visible: int,
     once the process group is up, by check_gpu_not_shared.
     """
     if visible < 1:
-        raise UserError("this rank sees no GPU: ask Slurm for GPUs (--gpus-per-node), or use the CPU")
+        raise UserError("this rank sees no GPU: ask Slurm for GPUs (--gpus-per-node), "
+                        "or use the CPU")
     ranks = max(local_world_size if local_world_size is not None else 1, local_rank + 1)
     if launcher == "srun" and visible == 1:
         return 0
@@ -57,8 +58,8 @@ def gpu_index_for(local_rank: int, local_world_size: int | None, visible: int,
         return local_rank
     if launcher == "srun" and step_gpus is not None and ranks <= step_gpus:
         return local_rank % visible
-    raise UserError(f"{ranks} ranks on this node but only {visible} GPUs visible: start at most one "
-                    f"rank per GPU (--ntasks-per-node / --nproc-per-node), or use the CPU")
+    raise UserError(f"{ranks} ranks on this node but only {visible} GPUs visible: start at most "
+                    f"one rank per GPU (--ntasks-per-node / --nproc-per-node), or use the CPU")
 
 
 def pick_backend(requested: str, local_rank: int, local_world_size: int | None = None,
@@ -117,6 +118,6 @@ def check_gpu_not_shared(device: torch.device) -> None:
         if (host, gpu) in first_rank:
             if dist.get_rank() != 0:
                 raise SystemExit(2)
-            raise UserError(f"ranks {first_rank[host, gpu]} and {rank} both drive GPU {gpu} on {host}: "
-                            f"give each rank its own GPU with {ONE_GPU_PER_RANK}")
+            raise UserError(f"ranks {first_rank[host, gpu]} and {rank} both drive GPU {gpu} on "
+                            f"{host}: give each rank its own GPU with {ONE_GPU_PER_RANK}")
         first_rank[host, gpu] = rank

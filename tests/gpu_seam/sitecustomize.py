@@ -55,7 +55,8 @@ def _write(stopped_at=None):
         _RECORD["device_work"] = stopped_at
     env = os.environ
     _RECORD["cpus"] = sorted(os.sched_getaffinity(0))
-    _RECORD["env"] = {k: v for k, v in env.items() if k.startswith(("SLURM_", "CUDA_", "ROCR_", "HIP_"))
+    _RECORD["env"] = {k: v for k, v in env.items()
+                      if k.startswith(("SLURM_", "CUDA_", "ROCR_", "HIP_"))
                       or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GPU_VENDOR",
                                "SLURMD_NODENAME")}
     rank = env.get("RANK") or env.get("SLURM_PROCID", "0")
@@ -83,7 +84,8 @@ def _patch(torch):
         i = torch.device(i).index if not isinstance(i, int) else i
         i = state["current"] if i is None else i
         if not 0 <= i < len(visible):
-            raise RuntimeError(f"CUDA error: invalid device ordinal {i} (seam: {len(visible)} visible)")
+            raise RuntimeError(f"CUDA error: invalid device ordinal {i} "
+                               f"(seam: {len(visible)} visible)")
         return i
 
     def props(i=None):
@@ -120,8 +122,8 @@ def _patch(torch):
     cuda.set_device = set_device
     cuda.current_device = lambda: state["current"]
     cuda.is_bf16_supported = lambda *a, **k: True
-    for name in ("synchronize", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
-                 "mem_get_info", "empty_cache", "Event", "Stream", "memory_reserved"):
+    for name in ("synchronize", "memory_allocated", "max_memory_allocated", "memory_reserved",
+                 "reset_peak_memory_stats", "mem_get_info", "empty_cache", "Event", "Stream"):
         setattr(cuda, name, lambda *a, _name=name, **k: stop(f"torch.cuda.{_name}"))
 
     real_init = dist.init_process_group
