@@ -56,9 +56,13 @@ fi
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}"
 
 # --- GPUs ----------------------------------------------------------------------
-# GPU steps: one GPU per task (srun --gpus-per-task=1, which Slurm binds per task:
-# every task sees exactly one GPU of the job, `man srun`), through slurm/gpu_select.sh,
-# which keeps what Slurm set and only fixes what HIP would misread (see that file).
+# Two ways a GPU step hands out GPUs (slurm/README.md, "GPU binding"), both through
+# slurm/gpu_select.sh, which keeps what Slurm set and only fixes what HIP would misread:
+#  launch_gpu: one GPU per task (srun --gpus-per-task=1, which Slurm binds per task: every
+#              task sees exactly one GPU of the job, `man srun`). Steps whose tasks do not talk.
+#  launch_ddp: every task sees all the job's GPUs on its node (srun --gpus-per-node) and drives
+#              its local rank's (wellfno.device.gpu_index_for), so NCCL/RCCL keeps its
+#              peer-to-peer paths (NVLink, xGMI) between them. The data-parallel steps (05).
 GPU_SRUN_FLAGS=()
 GPU_WRAP=()
 DEVICE=cpu
@@ -132,15 +136,40 @@ launch() {
 }
 # launch_gpu: launch with one GPU per task on GPU sites, plain launch on CPU sites.
 # A GPU site's job that was submitted without GPUs stops here with the command that works.
-launch_gpu() {
-  local opts=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
-  shift
+_wf_need_gpu() {
   if [ "$GPU_VENDOR" != none ] && [ -n "${SLURM_JOB_ID:-}" ] \
      && [ -z "${SLURM_JOB_GPUS:-}${SLURM_GPUS_ON_NODE:-}${CUDA_VISIBLE_DEVICES:-}${ROCR_VISIBLE_DEVICES:-}" ]; then
     wf_die "GPU_VENDOR=$GPU_VENDOR but job ${SLURM_JOB_ID} has no GPU; submit it with slurm/submit_all.sh ${SLURM_JOB_NAME:-STEP} (it asks for one GPU per task and CPUS_PER_GPU cores each)"
   fi
+}
+launch_gpu() {
+  local opts=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  shift
+  _wf_need_gpu
   _wf_run "${GPU_SRUN_FLAGS[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "${_wf_probe[@]}" "$@"
+}
+# launch_ddp [srun options...] -- command: data-parallel training, one task per GPU, every task
+# seeing all the job's GPUs on its node. Per-task binding (--gpus-per-task, --gpu-bind=per_task
+# or closest) would hide a node's other GPUs from each rank, and NCCL/RCCL then cannot open
+# peer-to-peer (CUDA/HIP IPC) between the ranks' GPUs and falls back to copies through host
+# memory (NVIDIA/nccl#1066; https://support.schedmd.com/show_bug.cgi?id=17793). Sources and
+# the choice: slurm/README.md, "GPU binding". A job submitted with --gpus-per-task exports
+# SLURM_GPUS_PER_TASK, which srun would apply again (measured on Slurm 22.05): not here.
+# GPU_BIND (site.env) is for launch_gpu's steps only. On CPU sites: plain launch.
+launch_ddp() {
+  local opts=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  shift
+  if [ "$GPU_VENDOR" = none ]; then
+    launch "${opts[@]}" -- "$@"
+    return
+  fi
+  _wf_need_gpu
+  local per_node=()
+  [ -n "${SLURM_GPUS_ON_NODE:-}" ] && per_node=(--gpus-per-node="${GPU_TYPE:+$GPU_TYPE:}$SLURM_GPUS_ON_NODE")
+  ( unset SLURM_GPUS_PER_TASK SLURM_GPU_BIND
+    _wf_run "${per_node[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "${_wf_probe[@]}" "$@" )
 }
 # launch_torchrun [srun options...] -- script.py [args...]
 # One torchrun per node (srun --ntasks-per-node=1), SLURM_NTASKS_PER_NODE workers

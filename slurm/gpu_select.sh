@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Per-task GPU plumbing, run by srun in front of the program on GPU sites:
-#     srun --gpus-per-task=1 bash slurm/gpu_select.sh python fno.py ...
+# Per-task GPU plumbing, run by srun in front of the program on GPU sites (slurm/common.sh's
+# launch_gpu and launch_ddp):
+#     srun --gpus-per-task=1 bash slurm/gpu_select.sh python fno.py ...     one GPU per task
+#     srun --gpus-per-node=N bash slurm/gpu_select.sh python fno.py ...     all N, DDP (05)
+# Which of the visible GPUs a program drives is wellfno.device.gpu_index_for's rule.
 # It never guesses a device:
 #  - Whatever Slurm set (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES) is
 #    kept. HIP honours CUDA_VISIBLE_DEVICES too, so it is never unset.

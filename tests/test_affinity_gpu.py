@@ -102,11 +102,15 @@ def fake_torch(props: list):
                            set_num_threads=lambda n: calls.__setitem__("threads", n)), calls
 
 
-def srun_env(task: int, ntasks: int, cpu_bind: str) -> dict:
-    # SLURM_STEP_GPUS: the step's GPUs on this node (srun --gpus-per-node=N), whatever each task sees
+def srun_env(task: int, ntasks: int, cpu_bind: str, task_gpus: list[int] | None = None) -> dict:
+    """A task's Slurm variables as Slurm 22.05 sets them (measured: tests/test_launch.py MEASURED):
+    SLURM_STEP_GPUS lists the GPUs of the TASK (its own one under --gpus-per-task=1, its NUMA
+    domain's under --gpu-bind=closest, all under --gpus-per-node); SLURM_GPUS_ON_NODE counts the
+    node's. A full node here: one task per GPU."""
+    task_gpus = [task] if task_gpus is None else task_gpus
     return {"SLURM_STEP_NUM_TASKS": str(ntasks), "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task),
             "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": str(ntasks), "SLURM_CPU_BIND_TYPE": cpu_bind,
-            "SLURM_STEP_GPUS": ",".join(map(str, range(ntasks)))}
+            "SLURM_STEP_GPUS": ",".join(map(str, task_gpus)), "SLURM_GPUS_ON_NODE": str(ntasks)}
 
 
 def torchrun_env(rank: int, nranks: int) -> dict:
@@ -131,11 +135,11 @@ def scenario(node: str, how: str, task: int):
     if how == "per_task":
         return spec["allowed"], [spec["pcis"][task]], srun_env(task, n, "none")
     if how == "all":
-        return spec["allowed"], list(spec["pcis"]), srun_env(task, n, "none")
+        return spec["allowed"], list(spec["pcis"]), srun_env(task, n, "none", list(range(n)))
     if how == "torchrun":
         return spec["allowed"], list(spec["pcis"]), torchrun_env(task, n)
     cpus, gpus = spec["closest"][task]
-    return cpus, [spec["pcis"][g] for g in gpus], srun_env(task, n, "mask_cpu:")
+    return cpus, [spec["pcis"][g] for g in gpus], srun_env(task, n, "mask_cpu:", gpus)
 
 
 @pytest.mark.parametrize("how", ["per_task", "all", "closest", "torchrun"])

@@ -29,7 +29,11 @@ def test_srun_variables_with_uneven_nodes():
                               "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"})
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (9, 11, 1, 3, 2)
     assert env.launcher == "srun" and env.step_gpus is None
-    assert launch_environment({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_GPUS": "4,5"}).step_gpus == 2
+    # the node's GPUs for the step come from SLURM_GPUS_ON_NODE; SLURM_STEP_GPUS is per task
+    # under --gpus-per-task and --gpu-bind=closest (MEASURED below)
+    env = launch_environment({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+                              "SLURM_STEP_GPUS": "1", "SLURM_GPUS_ON_NODE": "4"})
+    assert env.step_gpus == 4
 
 
 def test_batch_shell_is_not_a_rank():
@@ -85,25 +89,118 @@ def test_tasks_per_node():
 
 
 # --------------------------------------------------------------------------- device and backend
-def test_gpu_index_for_each_slurm_mode():
-    assert devmod.gpu_index_for(3, 4, visible=1) == 0   # --gpus-per-task=1: each task sees its own
-    assert devmod.gpu_index_for(1, 2, visible=1, launcher="srun", step_gpus=2) == 0
-    with pytest.raises(UserError, match="2 ranks on this node but only 1 GPUs"):   # torchrun never narrows
-        devmod.gpu_index_for(1, 2, visible=1, launcher="torchrun")
-    with pytest.raises(UserError, match="2 ranks on this node but only 1 GPUs"):   # srun, one GPU for the step
-        devmod.gpu_index_for(1, 2, visible=1, launcher="srun", step_gpus=1)
-    assert devmod.gpu_index_for(3, 4, visible=4) == 3   # all GPUs visible to every task
-    assert devmod.gpu_index_for(0, 4, visible=8) == 0   # second node's local rank 0 -> its GPU 0
+# What Slurm 22.05 set for each task, measured on the test cluster (4 stand-in GPUs, 0,1 by core 0
+# and 2,3 by core 1; two 1-CPU tasks on cores 0 and 1, `srun -n2 -c1 ...` in a --gpus-per-node=4
+# job unless said); tests/test_slurm_gpus.py runs the real programs under the same modes.
+# mode -> [(SLURM_STEP_GPUS, CUDA_VISIBLE_DEVICES, SLURM_GPUS_ON_NODE) of task 0, of task 1]
+MEASURED = {
+    "--gpus-per-task=1": [("0", "0", "4"), ("1", "1", "4")],
+    "--gpus-per-task=1 (no job)": [("0", "0", "2"), ("1", "1", "2")],        # srun makes the job
+    "--gpus-per-node=4": [("0,1,2,3", "0,1,2,3", "4")] * 2,
+    "--gpu-bind=closest": [("0,1", "0,1", "4"), ("2,3", "2,3", "4")],
+    # a 2-GPU step whose GPUs both sit by core 0: "Bind request gpu:closest does not specify any
+    # devices within the allocation for task 1. Binding to the first device" (slurmstepd)
+    "--gpus-per-node=2 --gpu-bind=closest": [("0,1", "0,1", "2"), ("0", "0", "2")],
+}
+
+
+def srun_task(task: int, step_gpus: str, visible: str, on_node: str) -> dict:
+    return {"SLURM_PROCID": str(task), "SLURM_LOCALID": str(task), "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_STEP_GPUS": step_gpus,
+            "CUDA_VISIBLE_DEVICES": visible, "SLURM_GPUS_ON_NODE": on_node}
+
+
+def node_gpu(env: dict) -> int:
+    """The node GPU a task drives: gpu_index_for on what the task sees, then what that index is."""
+    launch = launch_environment(env)
+    visible = env["CUDA_VISIBLE_DEVICES"].split(",")
+    index = devmod.gpu_index_for(launch.local_rank, launch.local_world_size, len(visible),
+                                 launch.step_gpus, launch.launcher)
+    return int(visible[index])
+
+
+@pytest.mark.parametrize("mode", [m for m in MEASURED if "--gpus-per-node=2" not in m])
+def test_every_measured_slurm_mode_gives_each_rank_its_own_gpu(mode):
+    gpus = [node_gpu(srun_task(t, *MEASURED[mode][t])) for t in range(2)]
+    assert len(set(gpus)) == 2, (mode, gpus)
+    if mode == "--gpu-bind=closest":
+        assert gpus == [0, 3]   # task 1 (core 1) on a GPU by core 1
+
+
+def test_a_binding_that_leaves_two_ranks_on_one_gpu_is_left_to_the_identity_check():
+    # Both see GPU 0 among theirs: nothing in the variables says so; check_gpu_not_shared finds it.
+    mode = MEASURED["--gpus-per-node=2 --gpu-bind=closest"]
+    assert [node_gpu(srun_task(t, *mode[t])) for t in range(2)] == [0, 0]
+
+
+def test_torchrun_workers_take_their_local_rank_and_never_share():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert node_gpu({**env, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 1
+    with pytest.raises(UserError, match="2 ranks on this node but only 1 GPUs visible"):
+        node_gpu({**env, "CUDA_VISIBLE_DEVICES": "0"})   # torchrun never narrows: one GPU for two
     with pytest.raises(UserError, match="5 ranks on this node but only 4 GPUs"):
-        devmod.gpu_index_for(1, 5, visible=4)
+        devmod.gpu_index_for(1, 5, visible=4, launcher="torchrun")
+
+
+def test_gpu_index_for_edges():
+    assert devmod.gpu_index_for(0, 4, visible=8) == 0   # second node's local rank 0 -> its GPU 0
     with pytest.raises(UserError, match="sees no GPU"):
         devmod.gpu_index_for(0, 1, visible=0)
-    # srun --gpus-per-node=8 --gpu-bind=closest on LUMI-G: each task sees its NUMA node's 2 GCDs
+    # LUMI-G, srun --gpus-per-node=8 --gpu-bind=closest: each task sees its NUMA node's 2 GCDs
     assert [devmod.gpu_index_for(r, 8, visible=2, step_gpus=8) for r in range(8)] == [0, 1] * 4
     with pytest.raises(UserError, match="8 ranks on this node but only 2 GPUs"):
-        devmod.gpu_index_for(3, 8, visible=2, step_gpus=2)   # a 2-GPU step: oversubscribed, not closest
+        devmod.gpu_index_for(3, 8, visible=2, step_gpus=2)   # a 2-GPU allocation: oversubscribed
     with pytest.raises(UserError, match="8 ranks on this node but only 2 GPUs"):
         devmod.gpu_index_for(3, 8, visible=2)                # nothing says Slurm split the GPUs
+
+
+class FakeGroup:
+    """torch.distributed as check_gpu_not_shared sees it: this rank, and what every rank sent."""
+
+    def __init__(self, rank, gathered):
+        self.rank, self.gathered = rank, gathered
+
+    def is_initialized(self):
+        return True
+
+    def get_world_size(self):
+        return len(self.gathered)
+
+    def get_rank(self):
+        return self.rank
+
+    def all_gather_object(self, out, mine):
+        assert mine == self.gathered[self.rank]
+        out[:] = self.gathered
+
+
+def test_two_ranks_on_one_physical_gpu_stop_with_one_line(monkeypatch):
+    import torch.distributed as dist
+    from types import SimpleNamespace
+
+    pci = {0: (0, 0x07, 0), 1: (0, 0x0F, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(
+        uuid="", pci_domain_id=pci[i][0], pci_bus_id=pci[i][1], pci_device_id=pci[i][2]))
+    monkeypatch.setattr(devmod.socket, "gethostname", lambda: "n1")
+    shared = [("n1", "0000:07:00.0"), ("n2", "0000:07:00.0"), ("n1", "0000:07:00.0")]
+    for name in ("is_initialized", "get_world_size", "get_rank", "all_gather_object"):
+        monkeypatch.setattr(dist, name, getattr(FakeGroup(0, shared), name))
+    with pytest.raises(UserError) as err:
+        devmod.check_gpu_not_shared(torch.device("cuda", 0))
+    assert str(err.value).startswith("ranks 0 and 2 both drive GPU 0000:07:00.0 on n1: give each "
+                                     "rank its own GPU with srun --ntasks-per-node=N")
+    for name in ("get_rank", "all_gather_object"):   # the other ranks exit 2 without a word
+        monkeypatch.setattr(dist, name, getattr(FakeGroup(2, shared), name))
+    with pytest.raises(SystemExit) as stop:
+        devmod.check_gpu_not_shared(torch.device("cuda", 0))
+    assert stop.value.code == 2
+    # same bus address on two nodes, or two GPUs of one node: nothing to say
+    for gathered in ([("n1", "0000:07:00.0"), ("n2", "0000:07:00.0")],
+                     [("n1", "0000:07:00.0"), ("n1", "0000:0f:00.0")]):
+        for name in ("get_world_size", "get_rank", "all_gather_object"):
+            monkeypatch.setattr(dist, name, getattr(FakeGroup(0, gathered), name))
+        devmod.check_gpu_not_shared(torch.device("cuda", 0))
+    devmod.check_gpu_not_shared(torch.device("cpu"))   # gloo on CPUs: no GPU to share
 
 
 def test_auto_backend_on_cpu_is_gloo():

@@ -38,7 +38,9 @@ class LaunchEnv:
     local_world_size: int | None  # ranks on this node; None where the launcher does not say
     launcher: str                 # "torchrun", "srun" or "single process"
     node_rank: int = 0
-    step_gpus: int | None = None  # GPUs Slurm gave this step on this node (SLURM_STEP_GPUS), if it says
+    # GPUs Slurm allocated on this node (SLURM_GPUS_ON_NODE), if it says. Not SLURM_STEP_GPUS: under
+    # --gpus-per-task and --gpu-bind=closest Slurm sets that per task, to the task's own GPUs.
+    step_gpus: int | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -107,8 +109,7 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnv:
             counts = tasks_per_node(spec)
             local_world = counts[node_rank] if node_rank < len(counts) else counts[0]
         launcher = "srun"
-        gpus = env.get("SLURM_STEP_GPUS", "")
-        step_gpus = len([g for g in gpus.split(",") if g.strip()]) if gpus else None
+        step_gpus = _int(env, "SLURM_GPUS_ON_NODE") if env.get("SLURM_GPUS_ON_NODE", "") else None
     else:
         return LaunchEnv(0, 1, 0, 1, "single process")
     if rank >= world:

@@ -29,7 +29,7 @@ from profiling import summarize, timeline, traces
 
 from wellfno import data, memory, plots
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
-from wellfno.device import DEVICE_CHOICES, pick_backend, pick_device
+from wellfno.device import DEVICE_CHOICES, check_gpu_not_shared, pick_backend, pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
@@ -204,6 +204,7 @@ def main(argv=None):
     except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
         raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    check_gpu_not_shared(device)  # two ranks on one physical GPU: one line naming both, exit 2
     try:
         with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends every rank, in seconds
             train(args, env, backend, device)
