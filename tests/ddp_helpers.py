@@ -49,7 +49,8 @@ def launch(script, world: int, *args, env: dict | None = None, timeout: float = 
 
     world=0 means no launcher at all: one plain process."""
     base = {k: v for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT")
             and not k.startswith("SLURM_")}
     base.update(env or {})
     port = str(free_port())
@@ -59,7 +60,8 @@ def launch(script, world: int, *args, env: dict | None = None, timeout: float = 
         if world:
             rank_env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                             LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([PYTHON, str(script), *map(str, args)], cwd=REPO, env=rank_env,
+        procs.append(subprocess.Popen([PYTHON, str(script), *map(str, args)], cwd=REPO,
+                                      env=rank_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results, deadline = [], time.monotonic() + timeout
     try:
@@ -92,7 +94,8 @@ def max_relative_difference(a: dict, b: dict) -> float:
         if not torch.is_floating_point(a[name]) and not torch.is_complex(a[name]):
             assert torch.equal(a[name], b[name]), name
             continue
-        wide = torch.complex128 if torch.is_complex(a[name]) else torch.float64  # FNO's spectral weights
+        # FNO's spectral weights
+        wide = torch.complex128 if torch.is_complex(a[name]) else torch.float64
         x, y = a[name].to(wide), b[name].to(wide)
         worst = max(worst, ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item())
     return worst

@@ -19,18 +19,22 @@ import pytest
 import torch
 
 from tests.conftest import PYTHON, REPO
-from tests.ddp_helpers import (N_TRAIN, SMALL, assert_ok, error_lines, free_port, launch, max_relative_difference,
+from tests.ddp_helpers import (N_TRAIN, SMALL, assert_ok, error_lines, free_port, launch,
+                               max_relative_difference,
                                parameters, probe_env, read_probe)
-from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - fixtures of the Slurm tests
+# noqa: F401 - fixtures of the Slurm tests
+from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data
 
-STEP = "05_ddp"  # the cross-step matrix (tests/conftest.py) supplies `script`: 05 and every later solution
+# the cross-step matrix (tests/conftest.py) supplies `script`: 05 and every later solution
+STEP = "05_ddp"
 
 
 @pytest.fixture(scope="module")
 def one_rank_run(script, tiny_data_dir, tmp_path_factory):
     """A checkpoint from one rank, --batch-size 4, one step (the reference of the equivalence test)."""
     out = tmp_path_factory.mktemp("ddp_one_rank")
-    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1", "--max-steps", "1",
+    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
+                     "--max-steps", "1",
                      "--batch-size", "4", *SMALL)
     assert_ok(results)
     return out
@@ -48,8 +52,10 @@ def test_two_ranks_of_b_equal_one_rank_of_2b(script, tiny_data_dir, one_rank_run
     one, two = parameters(one_rank_run / "checkpoint.pt"), parameters(tmp_path / "checkpoint.pt")
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 1
     worst = max_relative_difference(two, one)
-    assert worst <= 1e-5, (f"2 ranks x 2 samples end the step {worst:.1e} (relative) away from 1 rank x 4, "
-                           f"allowed 1e-5: the gradients are not averaged over the ranks (task 3: wrap the "
+    assert worst <= 1e-5, (f"2 ranks x 2 samples end the step {worst:.1e} (relative) away from 1 "
+                           "rank x 4, "
+                           "allowed 1e-5: the gradients are not averaged over the ranks (task 3: "
+                           "wrap the "
                            f"model in DistributedDataParallel)")
 
 
@@ -58,7 +64,8 @@ def test_each_rank_trains_its_own_share_and_rank0_writes_alone(script, tiny_data
     """2 ranks, 8 samples, 2 epochs: each rank reads 4 a epoch, the two shares disjoint, a new shuffle
     each epoch; rank 0 alone writes files and prints the epoch lines."""
     logs, out = tmp_path / "probe", tmp_path / "run"
-    results = launch(script, 2, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "2", "--batch-size", "2",
+    results = launch(script, 2, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "2",
+                     "--batch-size", "2",
                      *SMALL, env=probe_env(logs))
     assert_ok(results)
     seen = read_probe(logs)
@@ -67,7 +74,8 @@ def test_each_rank_trains_its_own_share_and_rank0_writes_alone(script, tiny_data
         shares = [seen[rank]["train"][epoch * half:(epoch + 1) * half] for rank in range(2)]
         used = Counter(shares[0] + shares[1])
         assert sorted(used) == list(range(N_TRAIN)) and max(used.values()) == 1, (
-            f"epoch {epoch + 1}: the 2 ranks read samples {sorted(used.elements())}, not each of the "
+            f"epoch {epoch + 1}: the 2 ranks read samples {sorted(used.elements())}, not each of "
+            "the "
             f"{N_TRAIN} once: give each rank its own share (task 2: a DistributedSampler)")
     assert seen[0]["train"][:half] != seen[0]["train"][half:], \
         "epoch 2 repeats epoch 1's order on rank 0: call train_sampler.set_epoch(epoch) (task 2)"
@@ -85,7 +93,8 @@ def test_each_rank_trains_its_own_share_and_rank0_writes_alone(script, tiny_data
 @pytest.mark.slow
 def test_torchrun_two_ranks(script, tiny_data_dir, tmp_path):
     result = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-port", str(free_port()), str(script), "--data-dir", str(tiny_data_dir),
+                             "--master-port", str(free_port()), str(script), "--data-dir",
+                             str(tiny_data_dir),
                              "--out", str(tmp_path), "--epochs", "1", "--batch-size", "2", *SMALL],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, "torchrun with 2 ranks failed (task 1): " + result.stderr[-1500:]
@@ -98,9 +107,11 @@ def test_torchrun_two_ranks(script, tiny_data_dir, tmp_path):
 
 
 def test_incomplete_launcher_environment_is_one_line(script, tmp_path):
-    result = subprocess.run([PYTHON, str(script), "--out", str(tmp_path / "o")], cwd=REPO, capture_output=True,
+    result = subprocess.run([PYTHON, str(script), "--out", str(tmp_path / "o")], cwd=REPO,
+                            capture_output=True,
                             text=True, timeout=120,
-                            env={**{k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}, "RANK": "1"})
+                            env={**{k: v for k, v in os.environ.items() if k != "WORLD_SIZE"},
+                                 "RANK": "1"})
     assert result.returncode != 0 and "Traceback" not in result.stderr, \
         "RANK without WORLD_SIZE must end in one error line, no traceback (task 1: launch_environment)"
     assert len(error_lines(result.stderr)) == 1 and "WORLD_SIZE" in result.stderr
@@ -110,7 +121,8 @@ def test_incomplete_launcher_environment_is_one_line(script, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_nccl_without_gpu_is_one_line(script, tiny_data_dir, tmp_path):
-    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o", "--backend", "nccl")
+    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o", "--backend",
+                     "nccl")
     rc, _, err = results[0]
     assert rc != 0 and "Traceback" not in err and len(error_lines(err)) == 1 and "nccl" in err, \
         "--backend nccl without a GPU must be one error line (task 1: pick_backend)"
@@ -122,8 +134,10 @@ def test_nccl_without_gpu_is_one_line(script, tiny_data_dir, tmp_path):
 def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
     """solutions/05_ddp/scaling.py on 1 and 2 CPU ranks (weak scaling): numbers that hang together."""
     out = tmp_path / "scaling"
-    result = subprocess.run([PYTHON, str(REPO / "solutions/05_ddp/scaling.py"), "--ranks", "1", "2", "--modes",
-                             "weak", "--batch-size", "2", "--max-steps", "6", "--active", "2", "--data-dir",
+    result = subprocess.run([PYTHON, str(REPO / "solutions/05_ddp/scaling.py"), "--ranks", "1", "2",
+                             "--modes",
+                             "weak", "--batch-size", "2", "--max-steps", "6", "--active", "2",
+                             "--data-dir",
                              str(tiny_data_dir), "--out", str(out), "--", "--bind", "none"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -137,7 +151,8 @@ def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
         assert row["samples_per_second"] == pytest.approx(row["global_batch"] / row["step_ms"] * 1e3)
         assert row["traced_steps"] == [4, 5]  # steps 0-1 untraced, 2-3 warm-up, 4-5 recorded
     assert two["efficiency"] == pytest.approx(two["samples_per_second"] / (2 * one["samples_per_second"]))
-    assert one["comm_share"] == 0.0 < two["comm_share"] < 1.0  # one rank has no collective; two all-reduce
+    # one rank has no collective; two all-reduce
+    assert one["comm_share"] == 0.0 < two["comm_share"] < 1.0
     assert 0.0 <= two["exposed_comm_share"] <= two["comm_share"]
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (out / "weak_2ranks").glob("trace_rank*.json.gz")) == [
@@ -149,8 +164,10 @@ def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
 @pytest.mark.slow
 def test_slurm_05_ddp_two_tasks(slurm_cluster, slurm_data, tmp_path):  # noqa: F811
     """slurm/05_ddp.sbatch on the local cluster: srun starts 2 ranks (rendezvous from the allocation)."""
-    job = run_job("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10", "--seed", "3",
-                  env=job_env(tmp_path / "runs", slurm_data), run_root=tmp_path / "runs", timeout=600)
+    job = run_job("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10",
+                  "--seed", "3",
+                  env=job_env(tmp_path / "runs", slurm_data), run_root=tmp_path / "runs",
+                  timeout=600)
     job.assert_completed()
     metrics = json.loads((job.run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4

@@ -21,10 +21,15 @@ STEP = "07_host_syncs"  # the cross-step matrix (tests/conftest.py) supplies `sc
 @pytest.mark.slow
 def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, tmp_path):
     often = train(script, tiny_data_dir, tmp_path / "often", "--max-steps", "3", "--log-every", "1")
-    never = train(script, tiny_data_dir, tmp_path / "never", "--max-steps", "3", "--log-every", "1000")
-    logged = (len(often["history"][0].get("loss_log", [])), len(never["history"][0].get("loss_log", [1])))
-    assert logged == (3, 0), (f"3 steps logged {logged[0]} loss(es) with --log-every 1 and {logged[1]} with "
-                              f"--log-every 1000, expected 3 and 0 (task 1: loss_log every log_every steps)")
+    never = train(script, tiny_data_dir, tmp_path / "never", "--max-steps", "3", "--log-every",
+                  "1000")
+    logged = (len(often["history"][0].get("loss_log", [])), len(never["history"][0].get("loss_log",
+                                                                                        [1])))
+    assert logged == (3,
+                      0), (f"3 steps logged {logged[0]} loss(es) with --log-every 1 and "
+                           f"{logged[1]} with "
+                              "--log-every 1000, expected 3 and 0 (task 1: loss_log every "
+                              "log_every steps)")
     assert often["train_loss"] == never["train_loss"] and often["valid_loss"] == never["valid_loss"], \
         "the losses depend on --log-every: reading numbers back must not change them (task 1)"
     a = torch.load(tmp_path / "often" / "checkpoint.pt", weights_only=True)["model"]
@@ -35,7 +40,8 @@ def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, tmp
 
 def syncs_per_profiled_step(script, data_dir, out, *extra):
     """Host syncs (profiling/syncs.py) in each step of a --profile window: steps 5-9 of 10."""
-    result = run_script(script, "--data-dir", data_dir, "--out", out, "--epochs", "1", "--batch-size", "1",
+    result = run_script(script, "--data-dir", data_dir, "--out", out, "--epochs", "1",
+                        "--batch-size", "1",
                         "--profile", "--max-steps", "10", *extra, timeout=300)
     assert result.returncode == 0, "the --profile run failed: " + result.stderr[-1500:]
     (trace_file,) = out.glob("trace_rank0_*.json.gz")
@@ -46,20 +52,27 @@ def syncs_per_profiled_step(script, data_dir, out, *extra):
 # The count reads the same on CPU and GPU traces (profiling/syncs.py): a CPU test of a GPU habit.
 @pytest.mark.slow
 def test_no_host_sync_inside_the_step(script, tiny_data_dir, tmp_path):
-    # The course's loop as exercise 01 profiles it (solutions 02-06 keep it): the loss read back every step.
-    baseline = syncs_per_profiled_step(REPO / "solutions" / "01_profiling" / "fno.py", tiny_data_dir, tmp_path / "01")
+    # # The course's loop as exercise 01 profiles it (solutions 02-06 keep it): the loss read back
+    # every step.
+    baseline = syncs_per_profiled_step(REPO / "solutions" / "01_profiling" / "fno.py",
+                                       tiny_data_dir, tmp_path / "01")
     assert len(baseline) == 5 and min(baseline) >= 1, f"the baseline loop reads the loss back every step: {baseline}"
-    every_step = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1", "--bind", "none", "--log-every", "1")
-    assert every_step == [1] * 5, (f"--log-every 1: host syncs per step {every_step}, expected one each "
+    every_step = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1", "--bind", "none",
+                                         "--log-every", "1")
+    assert every_step == [1] * 5, (f"--log-every 1: host syncs per step {every_step}, expected one "
+                                   "each "
                                    f"(the loss read-back) and no more (tasks 1-2)")
     never = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1000", "--bind", "none",
                                     "--log-every", "1000")
-    assert never == [0] * 5, (f"--log-every 1000: host syncs per step {never}, expected 0: something in the "
-                              f"step still waits for the device (.item(), float(), a copy to the CPU; task 2)")
+    assert never == [0] * 5, (f"--log-every 1000: host syncs per step {never}, expected 0: "
+                              "something in the "
+                              "step still waits for the device (.item(), float(), a copy to the "
+                              "CPU; task 2)")
 
 
 def test_log_every_zero_is_a_one_line_error(script, tiny_data_dir, tmp_path):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN, "--log-every", "0")
+    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                        "--log-every", "0")
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1 and "--log-every" in result.stderr, \
         "--log-every 0 must be one error line (task 1)"

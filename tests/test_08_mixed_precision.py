@@ -11,7 +11,8 @@ from tests.train_helpers import per_step_losses, train
 STEP = "08_mixed_precision"  # the cross-step matrix (tests/conftest.py) supplies `script`
 
 
-# Tolerance for low precision: bf16 rounds each element to 8 significant bits (relative 2^-9 = 2e-3),
+# Tolerance for low precision: bf16 rounds each element to 8 significant bits (relative 2^-9 =
+# 2e-3),
 # fp16 to 11 (2^-12 = 2.4e-4); the convolutions accumulate in float32 and the spectral part stays
 # float32. The loss is a mean over 8 x 2 x 16 x 16 = 4096 elements whose rounding errors have mean
 # zero, so the loss moves far less than one element: measured on the tiny data over 5 steps,
@@ -26,8 +27,10 @@ def test_mixed_precision_tracks_float32(script, tiny_data_dir, tmp_path, amp, to
     low = per_step_losses(train(script, tiny_data_dir, tmp_path / amp, *steps, "--amp", amp))
     assert len(low) == len(reference) == 5
     relative = [abs(a - b) / b for a, b in zip(low, reference)]
-    assert max(relative) < tolerance, (f"--amp {amp}: the loss is {max(relative):.1e} (relative) from float32, "
-                                       f"allowed {tolerance:.0e}: keep the spectral convolutions float32 (task 2)")
+    assert max(relative) < tolerance, (f"--amp {amp}: the loss is {max(relative):.1e} (relative) "
+                                       "from float32, "
+                                       f"allowed {tolerance:.0e}: keep the spectral convolutions "
+                                       "float32 (task 2)")
     assert max(relative) > 0, f"--amp {amp} gave exactly the float32 losses: autocast the forward pass (task 1)"
 
 @pytest.mark.slow

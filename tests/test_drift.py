@@ -27,16 +27,20 @@ EVERYWHERE = "*"
 # step: {function: EVERYWHERE | [beginnings of the statements it changes]}, "+new", ...
 CHANGES = {
     "05_ddp": {
-        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "main": EVERYWHERE, "+train": EVERYWHERE,
+        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "main": EVERYWHERE,
+        "+train": EVERYWHERE,
     },
     "06_exact_metrics": {
         "parse_args": EVERYWHERE, "validate": EVERYWHERE,
-        "main": ["try:", "dist.init_process_group(", "with Watchdog(", "raise UserError(f\"rank {env.rank} cannot join"],
-        "train": ['checkpoint = out / "checkpoint.pt"', "if args.eval_only", 'for split in ("train", "valid")',
+        "main": ["try:", "dist.init_process_group(", "with Watchdog(",
+                 "raise UserError(f\"rank {env.rank} cannot join"],
+        "train": ['checkpoint = out / "checkpoint.pt"', "if args.eval_only",
+                  'for split in ("train", "valid")',
                   "train_sampler = DistributedSampler(", "valid_loader = DataLoader(",
                   "if (args.resume or args.eval_only)", "log(f\"{'Evaluating' if args.eval_only",
                   "for epoch in range(", "left_out = ", "if left_out:", "row = over_ranks(",
-                  'row["valid_loss"], row["samples_left_out"]', 'log(f"epoch {epoch}', "atomic_torch_save(",
+                  'row["valid_loss"], row["samples_left_out"]', 'log(f"epoch {epoch}',
+                  "atomic_torch_save(",
                   "valid_loss = validate(", 'atomic_write_json(out / "metrics.json"'],
     },
     "07_host_syncs": {
@@ -46,17 +50,24 @@ CHANGES = {
     "08_mixed_precision": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "+spectral_convs_in_float32": EVERYWHERE, "+ComplexGradsAsReal": EVERYWHERE,
-        "train": ["check_amp(", "spectral_convs_in_float32(", "scaler = ", "amp_dtype = ", "autocast = ",
-                  "scaler.load_state_dict(", 'log(f"Training on', "row = train_one_epoch(", "atomic_torch_save(",
-                  'if device.type == "cuda":  # what low precision saves', 'atomic_write_json(out / "metrics.json"'],
+        "train": ["check_amp(", "spectral_convs_in_float32(", "scaler = ", "amp_dtype = ",
+                  "autocast = ",
+                  "scaler.load_state_dict(", 'log(f"Training on', "row = train_one_epoch(",
+                  "atomic_torch_save(",
+                  'if device.type == "cuda":  # what low precision saves',
+                  'atomic_write_json(out / "metrics.json"'],
     },
     "09_compile_mfu": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+check_compiler": EVERYWHERE,
-        "train": ["if args.compile", "if args.nvtx", "grid = ", "if args.modes > min(grid)", "train_loader = DataLoader(",
+        "train": ["if args.compile", "if args.nvtx", "grid = ", "if args.modes > min(grid)",
+                  "train_loader = DataLoader(",
                   "model = NextFrameFNO.for_dataset(", "example = ", "counted = ",
-                  'if device.type == "cuda":  # the count ran', "torch.cuda.reset_peak_memory_stats(",
-                  "train_model = ", 'log(f"Training on', "nvtx = ", "nvtx.__enter__()", "nvtx.__exit__(",
-                  "row = train_one_epoch(", 'log(f"epoch {epoch}', "excludes += ", "efficiency = ", "mfu = ",
+                  'if device.type == "cuda":  # the count ran',
+                  "torch.cuda.reset_peak_memory_stats(",
+                  "train_model = ", 'log(f"Training on', "nvtx = ", "nvtx.__enter__()",
+                  "nvtx.__exit__(",
+                  "row = train_one_epoch(", 'log(f"epoch {epoch}', "excludes += ", "efficiency = ",
+                  "mfu = ",
                   'print(f"{efficiency', 'atomic_write_json(out / "metrics.json"'],
     },
 }
@@ -66,8 +77,9 @@ MOVED = {
     "spectral_convs_in_float32": ("wellfno.amp", "08_mixed_precision"),
     "ComplexGradsAsReal": ("wellfno.amp", "08_mixed_precision"),
 }
-# APIs newer than the oldest torch the course supports (INSTRUCTORS.md: 2.1 trains).
-TOO_NEW = {"torch.amp.is_autocast_available": "torch 2.4 (wellfno.amp.autocast_available works on any)"}
+# APIs newer than the oldest torch the course supports (requirements.txt, INSTRUCTORS.md).
+TOO_NEW = {"torch.amp.is_autocast_available": "torch 2.4 (wellfno.amp.autocast_available works on "
+                                              "any)"}
 CHECKED = list(CHANGES)  # the steps after 04 (03 -> 05 -> ... -> 09)
 
 
@@ -77,9 +89,11 @@ def definitions(tree: ast.Module) -> dict[str, ast.AST]:
 
 def _header(node: ast.stmt) -> str:
     """A compound statement without its bodies (for an if: the test; a for: target and iterable)."""
-    fields = {k: v for k, v in ast.iter_fields(node) if k not in ("body", "orelse", "handlers", "finalbody")}
+    fields = {k: v for k, v in ast.iter_fields(node) if k not in ("body", "orelse", "handlers",
+                                                                  "finalbody")}
     return type(node).__name__ + ast.dump(ast.Module(body=[], type_ignores=[])) + repr(
-        {k: ast.dump(v) if isinstance(v, ast.AST) else [ast.dump(x) for x in v] if isinstance(v, list) else v
+        {k: ast.dump(v) if isinstance(v, ast.AST) else [ast.dump(x) for x in v] if isinstance(v,
+                                                                                              list) else v
          for k, v in fields.items()})
 
 
@@ -89,7 +103,8 @@ def _bodies(node: ast.stmt) -> list[list[ast.stmt]]:
     return [b for b in found if isinstance(b, list) and b and isinstance(b[0], ast.stmt)]
 
 
-def changed_statements(old: list[ast.stmt], new: list[ast.stmt], old_src: str, new_src: str) -> list[str]:
+def changed_statements(old: list[ast.stmt], new: list[ast.stmt], old_src: str,
+                       new_src: str) -> list[str]:
     """First lines of the statements that differ between two bodies, at the innermost depth.
 
     A compound statement (if, for, with, try) whose header is unchanged is looked into rather than
@@ -100,7 +115,8 @@ def changed_statements(old: list[ast.stmt], new: list[ast.stmt], old_src: str, n
         return ast.get_source_segment(src, node).splitlines()[0].strip()
 
     found = []
-    matcher = difflib.SequenceMatcher(a=[ast.dump(s) for s in old], b=[ast.dump(s) for s in new], autojunk=False)
+    matcher = difflib.SequenceMatcher(a=[ast.dump(s) for s in old], b=[ast.dump(s) for s in new],
+                                      autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
@@ -167,8 +183,10 @@ def test_moved_code_is_the_taught_code(name):
         tree = ast.parse(source(step))
         if name in definitions(tree):
             continue  # not moved yet in this step
-        imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-        assert (module, name) in imported, f"{STEPS[step]} neither defines {name} nor imports it from {module}"
+        imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n,
+                                                                             ast.ImportFrom) for a in n.names}
+        assert (module,
+                name) in imported, f"{STEPS[step]} neither defines {name} nor imports it from {module}"
 
 
 @pytest.mark.parametrize("step", list(STEPS))
@@ -193,7 +211,8 @@ def test_the_drift_check_catches_solution_06s_old_regressions():
     traces.key_averages_sort_key, and the memory line printed by every rank instead of rank 0."""
     good = source("09_compile_mfu")
     bad = good.replace("sort_by = traces.key_averages_sort_key(device)",
-                       'sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"')
+                       'sort_by = "self_device_time_total" if device.type == "cuda" else '
+                       '"self_cpu_time_total"')
     bad = bad.replace("log(memory.check_step_fits(", "print(memory.check_step_fits(")
     assert bad.count("print(memory.check_step_fits(") == 1 and "self_device_time_total" in bad
     problems = drift(source("08_mixed_precision"), bad, CHANGES["09_compile_mfu"])

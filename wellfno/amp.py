@@ -3,7 +3,7 @@
 `check_amp` refuses a precision the device cannot run as such (emulated bf16 runs slower than
 float32). `spectral_convs_in_float32` and `ComplexGradsAsReal` are taught in solution 08
 (`solutions/08_mixed_precision/fno.py`); later solutions import them from here
-(tests/test_moved_code.py: the same syntax trees as solution 08's).
+(tests/test_drift.py: the same syntax trees as solution 08's).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def check_amp(amp: str, device: torch.device) -> None:
         except TypeError:  # torch before 2.4 has no such flag
             native = torch.cuda.is_bf16_supported()
         if not native:
-            raise UserError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 units: "
+            raise UserError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 "
+                            "units: "
                             f"use --amp fp16")
     if amp != "none" and not autocast_available(device.type):
         raise UserError(f"--amp {amp}: torch has no autocast for {device.type}: use --amp none")

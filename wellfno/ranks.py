@@ -3,7 +3,7 @@
 Solution 06 (`solutions/06_exact_metrics/fno.py`) teaches the idea in its `validate`: every rank
 adds up its own loss sum and sample count, one all-reduce adds those up over the ranks, and the
 mean is taken last, so every sample counts once for any world size. Later solutions import that
-`validate` from here (tests/test_moved_code.py: the same syntax tree as solution 06's). The two
+`validate` from here (tests/test_drift.py: the same syntax tree as solution 06's). The two
 other helpers do the same for the training row and name the samples a `drop_last` sampler leaves
 out.
 """
@@ -28,7 +28,8 @@ def over_ranks(row: dict, device: torch.device) -> dict:
     if dist.is_initialized():
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(everyone, mine)
-    loss_sum, samples, seconds, timed_samples, timed_seconds = torch.stack(everyone).cpu().double().T
+    columns = torch.stack(everyone).cpu().double().T
+    loss_sum, samples, seconds, timed_samples, timed_seconds = columns
     per_rank = (timed_samples / timed_seconds) if timed_samples.all() else (samples / seconds)
     return dict(row, train_loss=(loss_sum.sum() / samples.sum()).item(), samples=int(samples.sum()),
                 seconds=seconds.max().item(), timed_samples=int(timed_samples.sum()),
@@ -37,10 +38,11 @@ def over_ranks(row: dict, device: torch.device) -> dict:
 
 
 def samples_left_out(sampler: DistributedSampler) -> list[int]:
-    """Training samples no rank takes this epoch: with drop_last each rank takes len // world_size."""
+    """Training samples no rank takes this epoch (with drop_last each takes len // world_size)."""
     taken = set()
     for rank in range(sampler.num_replicas):
-        share = DistributedSampler(sampler.dataset, sampler.num_replicas, rank, shuffle=sampler.shuffle,
+        share = DistributedSampler(sampler.dataset, sampler.num_replicas, rank,
+                                   shuffle=sampler.shuffle,
                                    seed=sampler.seed, drop_last=True)
         share.set_epoch(sampler.epoch)
         taken.update(share)
@@ -49,9 +51,10 @@ def samples_left_out(sampler: DistributedSampler) -> list[int]:
 
 @torch.no_grad()
 def validate(model, loader, device):
-    """Mean loss over every validation sample once: this rank's sum and count, added over the ranks."""
+    """Mean loss over every validation sample once: this rank's sum and count, added over ranks."""
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples; no .item() per batch
+    # loss sum, samples; no .item() per batch
+    total = torch.zeros(2, dtype=torch.float64, device=device)
     for batch in loader:
         x, y = data.batch_to_model(batch, device, non_blocking=True)
         total[0] += model.loss(model(x), y).double() * len(x)
