@@ -52,7 +52,7 @@ def syncs_per_profiled_step(script, data_dir, out, *extra):
 # The count reads the same on CPU and GPU traces (profiling/syncs.py): a CPU test of a GPU habit.
 @pytest.mark.slow
 def test_no_host_sync_inside_the_step(script, tiny_data_dir, tmp_path):
-    # # The course's loop as exercise 01 profiles it (solutions 02-06 keep it): the loss read back
+    # The course's loop as exercise 01 profiles it (solutions 02-06 keep it): the loss read back
     # every step.
     baseline = syncs_per_profiled_step(REPO / "solutions" / "01_profiling" / "fno.py",
                                        tiny_data_dir, tmp_path / "01")

@@ -41,7 +41,7 @@ CHANGES = {
                   "for epoch in range(", "left_out = ", "if left_out:", "row = over_ranks(",
                   'row["valid_loss"], row["samples_left_out"]', 'log(f"epoch {epoch}',
                   "atomic_torch_save(",
-                  "valid_loss = validate(", 'atomic_write_json(out / "metrics.json"'],
+                  "valid_loss = (validate(", 'atomic_write_json(out / "metrics.json"'],
     },
     "07_host_syncs": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+synchronize": EVERYWHERE,

@@ -53,8 +53,7 @@ def samples_left_out(sampler: DistributedSampler) -> list[int]:
 def validate(model, loader, device):
     """Mean loss over every validation sample once: this rank's sum and count, added over ranks."""
     model.eval()
-    # loss sum, samples; no .item() per batch
-    total = torch.zeros(2, dtype=torch.float64, device=device)
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples; no .item()
     for batch in loader:
         x, y = data.batch_to_model(batch, device, non_blocking=True)
         total[0] += model.loss(model(x), y).double() * len(x)

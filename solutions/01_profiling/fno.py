@@ -137,7 +137,7 @@ def main(argv=None):
     out = Path(args.out)
     dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     splits = {split: WellDataset(path=str(dataset_dir), well_split_name=split,
                                  n_steps_input=args.n_steps_input,
@@ -151,7 +151,7 @@ def main(argv=None):
                               generator=torch.Generator().manual_seed(args.seed))
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size)
 
-    # # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
     # inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
                                      modes=args.modes)

@@ -154,7 +154,7 @@ def main(argv=None):
     out = Path(args.out)
     dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
     splits = {split: reader(path=str(dataset_dir), well_split_name=split,
@@ -174,14 +174,14 @@ def main(argv=None):
         loader_options.update(prefetch_factor=args.prefetch_factor,
                               persistent_workers=args.persistent_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # # worker i with base_seed + i, base_seed drawn from it): the same batches with any
+    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
     # --num-workers.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, shuffle=True,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    # # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
     # inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
                                      modes=args.modes)

@@ -104,8 +104,7 @@ WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allo
 
 
 def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, untimed_steps=0,
-                    prof=None,
-                    show=True):
+                    prof=None, show=True):
     """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history.
 
     The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
@@ -173,8 +172,7 @@ def main(argv=None):
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
         return train(args, env, None, device)
-    # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
-    env.export_rendezvous()
+    env.export_rendezvous()  # MASTER_ADDR/PORT: from torchrun, or from the allocation under srun
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     try:
         train(args, env, backend, device)
@@ -183,8 +181,7 @@ def main(argv=None):
 
 
 def train(args, env, backend, device):
-    # the same initial weights on every rank (DDP copies rank 0's anyway)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
@@ -199,7 +196,7 @@ def train(args, env, backend, device):
     if env.rank == 0 and env.is_distributed:
         dist.barrier()
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
     splits = {split: reader(path=str(dataset_dir), well_split_name=split,
@@ -221,7 +218,7 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # # worker i with base_seed + i, base_seed drawn from it): the same batches with any
+    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
     # --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
     # with repeats to a multiple of world_size (every rank takes as many steps).
@@ -232,12 +229,11 @@ def train(args, env, backend, device):
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    # # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
     # inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
                                      modes=args.modes)
-    # stops here (every rank) if it cannot fit
-    log(memory.check_step_fits(model, args.batch_size, device))
+    log(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
@@ -256,17 +252,16 @@ def train(args, env, backend, device):
     ddp_model = DistributedDataParallel(model) if env.is_distributed else model  # on model's device
     global_batch = args.batch_size * env.world_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, "
-        f"{device.type}): "
-        f"{len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
+        f"{device.type}): {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters")
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
     prof = trace = None
     if args.profile:
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         # the recorded steps are ProfilerStep#first..#last
         first = args.profile_wait + args.profile_warmup
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
         # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
         activities = [ProfilerActivity.CPU] + (
@@ -281,8 +276,7 @@ def train(args, env, backend, device):
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
-        # a new shuffle each epoch; without it every epoch repeats the first
-        train_sampler.set_epoch(epoch)
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, else each repeats the first
         row = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch,
                               max_steps=args.max_steps - step if args.max_steps else None,
                               untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof,
@@ -334,8 +328,7 @@ def train(args, env, backend, device):
         excludes = "nothing"
     atomic_write_json(out / "metrics.json", dict(
         samples_per_second=env.world_size * samples / seconds, samples_per_second_excludes=excludes,
-        # each rank: as many samples as 0
-        world_size=env.world_size, global_batch_size=global_batch,
+        world_size=env.world_size, global_batch_size=global_batch,  # each rank: as many as 0
         train_loss=history[-1]["train_loss"], valid_loss=history[-1]["valid_loss"],
         rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse, device=str(device),
         dataset=str(dataset_dir), history=history, config=vars(args)))

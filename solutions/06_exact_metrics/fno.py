@@ -116,8 +116,7 @@ WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allo
 
 
 def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, untimed_steps=0,
-                    prof=None,
-                    show=True):
+                    prof=None, show=True):
     """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history.
 
     The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
@@ -167,8 +166,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
 def validate(model, loader, device):
     """Mean loss over every validation sample once: this rank's sum and count, added over ranks."""
     model.eval()
-    # loss sum, samples; no .item() per batch
-    total = torch.zeros(2, dtype=torch.float64, device=device)
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples; no .item()
     for batch in loader:
         x, y = data.batch_to_model(batch, device, non_blocking=True)
         total[0] += model.loss(model(x), y).double() * len(x)
@@ -189,8 +187,7 @@ def main(argv=None):
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
         return train(args, env, None, device)
-    # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
-    env.export_rendezvous()
+    env.export_rendezvous()  # MASTER_ADDR/PORT: from torchrun, or from the allocation under srun
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
                                 device_id=device if device.type == "cuda" else None)
@@ -198,16 +195,14 @@ def main(argv=None):
         raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0] if str(err) else ''})") from None
     try:
-        # one failing or dead rank ends every rank, in seconds
-        with Watchdog(env.rank, env.world_size):
+        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends all, in seconds
             train(args, env, backend, device)
     finally:
         dist.destroy_process_group()
 
 
 def train(args, env, backend, device):
-    # the same initial weights on every rank (DDP copies rank 0's anyway)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
@@ -219,15 +214,14 @@ def train(args, env, backend, device):
     checkpoint = out / "checkpoint.pt"
     if args.eval_only and not checkpoint.is_file():
         raise UserError(f"--eval-only evaluates {checkpoint}, which does not exist: train first, "
-                        "or "
-                        f"point --out at the folder of a trained run")
+                        f"or point --out at the folder of a trained run")
     if env.rank > 0:
         dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
     dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     if env.rank == 0 and env.is_distributed:
         dist.barrier()
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
     splits = {split: reader(path=str(dataset_dir), well_split_name=split,
@@ -239,8 +233,7 @@ def train(args, env, backend, device):
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
-                            "samples, "
-                            f"fewer than the {env.world_size} ranks: start at most "
+                            f"samples, fewer than the {env.world_size} ranks: start at most "
                             f"{len(splits[split])}")
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
@@ -255,27 +248,25 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # # worker i with base_seed + i, base_seed drawn from it): the same batches with any
+    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
     # --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank; drop_last
     # leaves out the len % world_size that do not divide (named below) instead of repeating some.
     train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed,
-                                       drop_last=True)
+                                       seed=args.seed, drop_last=True)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
-    # # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
+    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
     # pitfall).
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    # # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
     # inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
                                      modes=args.modes)
-    # stops here (every rank) if it cannot fit
-    log(memory.check_step_fits(model, args.batch_size, device))
+    log(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     first_epoch, step, history = 1, 0, []
@@ -295,17 +286,16 @@ def train(args, env, backend, device):
     ddp_model = DistributedDataParallel(model) if env.is_distributed else model  # on model's device
     global_batch = args.batch_size * env.world_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, "
-        f"{device.type}): "
-        f"{len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
+        f"{device.type}): {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters")
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
     prof = trace = None
     if args.profile:
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         # the recorded steps are ProfilerStep#first..#last
         first = args.profile_wait + args.profile_warmup
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
         # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
         activities = [ProfilerActivity.CPU] + (
@@ -320,8 +310,7 @@ def train(args, env, backend, device):
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
-        # a new shuffle each epoch; without it every epoch repeats the first
-        train_sampler.set_epoch(epoch)
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, else each repeats the first
         left_out = samples_left_out(train_sampler) if len(splits["train"]) % env.world_size else []
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: "
@@ -359,8 +348,8 @@ def train(args, env, backend, device):
         return
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
-    valid_loss = validate(model, valid_loader,
-                          device) if args.eval_only else history[-1]["valid_loss"]
+    valid_loss = (validate(model, valid_loader, device) if args.eval_only
+                  else history[-1]["valid_loss"])
     if env.rank > 0:
         return  # rank 0 alone rolls out and writes
 

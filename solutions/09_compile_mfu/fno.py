@@ -228,8 +228,7 @@ def main(argv=None):
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
         return train(args, env, None, device)
-    # MASTER_ADDR/PORT: set by torchrun, taken from the allocation under srun
-    env.export_rendezvous()
+    env.export_rendezvous()  # MASTER_ADDR/PORT: from torchrun, or from the allocation under srun
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
                                 device_id=device if device.type == "cuda" else None)
@@ -237,16 +236,14 @@ def main(argv=None):
         raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0] if str(err) else ''})") from None
     try:
-        # one failing or dead rank ends every rank, in seconds
-        with Watchdog(env.rank, env.world_size):
+        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends all, in seconds
             train(args, env, backend, device)
     finally:
         dist.destroy_process_group()
 
 
 def train(args, env, backend, device):
-    # the same initial weights on every rank (DDP copies rank 0's anyway)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     check_amp(args.amp, device)
     if args.compile:
@@ -264,15 +261,14 @@ def train(args, env, backend, device):
     checkpoint = out / "checkpoint.pt"
     if args.eval_only and not checkpoint.is_file():
         raise UserError(f"--eval-only evaluates {checkpoint}, which does not exist: train first, "
-                        "or "
-                        f"point --out at the folder of a trained run")
+                        f"or point --out at the folder of a trained run")
     if env.rank > 0:
         dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
     dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     if env.rank == 0 and env.is_distributed:
         dist.barrier()
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
     splits = {split: reader(path=str(dataset_dir), well_split_name=split,
@@ -284,8 +280,7 @@ def train(args, env, backend, device):
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
-                            "samples, "
-                            f"fewer than the {env.world_size} ranks: start at most "
+                            f"samples, fewer than the {env.world_size} ranks: start at most "
                             f"{len(splits[split])}")
     # the spatial sizes of a frame (no sample read)
     grid = tuple(splits["train"].metadata.spatial_resolution)
@@ -307,32 +302,30 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # # worker i with base_seed + i, base_seed drawn from it): the same batches with any
+    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
     # --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank; drop_last
     # leaves out the len % world_size that do not divide (named below) instead of repeating some.
     train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed,
-                                       drop_last=True)
-    # # A compiled model compiles again for every new batch shape: with --compile, no short last
+                                       seed=args.seed, drop_last=True)
+    # A compiled model compiles again for every new batch shape: with --compile, no short last
     # batch.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               drop_last=args.compile,
                               generator=torch.Generator().manual_seed(args.seed),
                               **loader_options)
-    # # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
+    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
     # pitfall).
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
 
-    # # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
     # inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
                                      modes=args.modes,
                                      layers=args.layers)
-    # stops here (every rank) if it cannot fit
-    log(memory.check_step_fits(model, args.batch_size, device))
+    log(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -341,7 +334,7 @@ def train(args, env, backend, device):
     amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
     autocast = (lambda: torch.autocast(device.type,
                                        dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
-    # # FLOPs of one training step on this input size: forward + backward, counted once (shapes only
+    # FLOPs of one training step on this input size: forward + backward, counted once (shapes only
     # matter).
     # frames + constant fields
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
@@ -368,8 +361,7 @@ def train(args, env, backend, device):
     train_model = torch.compile(ddp_model) if args.compile else ddp_model
     global_batch = args.batch_size * env.world_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, "
-        f"{device.type}): "
-        f"{len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
+        f"{device.type}): {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, "
         f"{counted['per_sample'] / 1e6:.1f} MFLOP "
         f"per sample (forward + backward), amp {args.amp}{', compiled' if args.compile else ''}")
@@ -378,9 +370,9 @@ def train(args, env, backend, device):
 
     prof = trace = None
     if args.profile:
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         # the recorded steps are ProfilerStep#first..#last
         first = args.profile_wait + args.profile_warmup
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
         trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
         # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
         activities = [ProfilerActivity.CPU] + (
@@ -397,8 +389,7 @@ def train(args, env, backend, device):
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
-        # a new shuffle each epoch; without it every epoch repeats the first
-        train_sampler.set_epoch(epoch)
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, else each repeats the first
         left_out = samples_left_out(train_sampler) if len(splits["train"]) % env.world_size else []
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: "
@@ -440,8 +431,8 @@ def train(args, env, backend, device):
         return
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
-    valid_loss = validate(model, valid_loader,
-                          device) if args.eval_only else history[-1]["valid_loss"]
+    valid_loss = (validate(model, valid_loader, device) if args.eval_only
+                  else history[-1]["valid_loss"])
     if env.rank > 0:
         return  # rank 0 alone rolls out and writes
 
