@@ -58,7 +58,7 @@ CHANGES = {
                   'atomic_write_json(out / "metrics.json"'],
     },
     "09_compile_mfu": {
-        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+check_compiler": EVERYWHERE,
+        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "train": ["if args.compile", "if args.nvtx", "grid = ", "if args.modes > min(grid)",
                   "train_loader = DataLoader(",
                   "model = NextFrameFNO.for_dataset(", "example = ", "counted = ",

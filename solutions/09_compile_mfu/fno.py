@@ -10,10 +10,8 @@ with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
 import argparse
 import contextlib
 import datetime
-import importlib.util
 import os
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -41,6 +39,7 @@ from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.ranks import over_ranks, samples_left_out, validate
 from wellfno.rollout import evaluate_rollouts
+from wellfno.toolchain import check_compiler
 from wellfno.watchdog import Watchdog
 
 
@@ -143,21 +142,6 @@ def synchronize(device):
     """Wait for the device's queued work: only where a time is read, never inside the step."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def check_compiler(device):
-    """torch.compile's inductor writes C++ (CPU) or Triton (GPU) kernels: is the toolchain there?"""
-    if device.type == "cpu":
-        cxx = os.environ.get("CXX", "g++")
-        if not (shutil.which(cxx) or shutil.which("clang++")):
-            raise UserError(f"--compile on the CPU needs a C++ compiler ({cxx} or clang++) and "
-                            "there is "
-                            f"none on PATH: install one (e.g. apt install g++) or run without "
-                            f"--compile")
-    elif importlib.util.find_spec("triton") is None:
-        raise UserError("--compile on a GPU needs Triton (pip install triton; ROCm: "
-                        "pytorch-triton-rocm), "
-                        "which this torch lacks: install it or run without --compile")
 
 
 def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, max_steps=None,
