@@ -89,12 +89,15 @@ def definitions(tree: ast.Module) -> dict[str, ast.AST]:
 
 def _header(node: ast.stmt) -> str:
     """A compound statement without its bodies (for an if: the test; a for: target and iterable)."""
-    fields = {k: v for k, v in ast.iter_fields(node) if k not in ("body", "orelse", "handlers",
-                                                                  "finalbody")}
-    return type(node).__name__ + ast.dump(ast.Module(body=[], type_ignores=[])) + repr(
-        {k: ast.dump(v) if isinstance(v, ast.AST) else [ast.dump(x) for x in v] if isinstance(v,
-                                                                                              list) else v
-         for k, v in fields.items()})
+    bodies = ("body", "orelse", "handlers", "finalbody")
+    shown = []
+    for key, value in ast.iter_fields(node):
+        if key in bodies:
+            continue
+        if isinstance(value, list):
+            value = [ast.dump(x) if isinstance(x, ast.AST) else x for x in value]
+        shown.append((key, ast.dump(value) if isinstance(value, ast.AST) else value))
+    return type(node).__name__ + repr(shown)
 
 
 def _bodies(node: ast.stmt) -> list[list[ast.stmt]]:
@@ -183,10 +186,10 @@ def test_moved_code_is_the_taught_code(name):
         tree = ast.parse(source(step))
         if name in definitions(tree):
             continue  # not moved yet in this step
-        imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n,
-                                                                             ast.ImportFrom) for a in n.names}
-        assert (module,
-                name) in imported, f"{STEPS[step]} neither defines {name} nor imports it from {module}"
+        imported = {(n.module, a.name) for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert (module, name) in imported, \
+            f"{STEPS[step]} neither defines {name} nor imports it from {module}"
 
 
 @pytest.mark.parametrize("step", list(STEPS))
