@@ -85,7 +85,7 @@ results: venv data
 	$(PY) affinity/benchmark.py --out results/affinity_benchmark.json; \
 	$(PY) solutions/04_distributed_stats/benchmark.py --synthetic-gb 1 --ranks 1,2 --repeat 3 \
 	    --json results/04_stats_benchmark.json; \
-	$(PY) solutions/06_efficiency/benchmark.py --data-dir $(DATA_DIR) --out results/efficiency_cpu --steps 20 \
+	$(PY) solutions/09_compile_mfu/benchmark.py --data-dir $(DATA_DIR) --out results/efficiency_cpu --steps 20 \
 	    --common "--bind none"
 	$(PY) -m wellfno.results render
 

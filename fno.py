@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from wellfno import data, memory, plots
-from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, check_output_dir, load_checkpoint, run_main
+from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
+                         load_checkpoint, run_main)
 from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
@@ -25,16 +26,19 @@ from wellfno.rollout import evaluate_rollouts
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default=data.EMBEDDED, help="embedded dataset or a Well dataset name")
+    p.add_argument("--dataset", default=data.EMBEDDED,
+                   help="embedded dataset or a Well dataset name")
     p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"),
                    help="folder that holds datasets/ (default $WELL_DATA or ./data)")
     p.add_argument("--download", action="store_true", help="fetch a missing Well dataset")
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--max-steps", type=int, default=0, help="stop training after this many steps (0: no limit)")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop training after this many steps (0: no limit)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--width", type=int, default=32, help="FNO channels: memory and compute grow with it")
+    p.add_argument("--width", type=int, default=32,
+                   help="FNO channels: memory and compute grow with it")
     p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -45,7 +49,8 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
-        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to 2**63-1")
+        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to "
+                        "2**63-1")
     check_output_dir(args.out)
     return args
 
@@ -69,7 +74,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
         loss.backward()
         optimizer.step()
         # One read-back per step (on a GPU it waits for the step to finish), reused for the sum and
-        # the progress bar. Exercise 06 removes even this one.
+        # the progress bar. Exercise 07 removes even this one.
         loss_value = loss.item()
         total_loss += loss_value * len(x)
         samples, steps = samples + len(x), steps + 1
@@ -82,7 +87,8 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
             break
     bar.close()
     end = time.perf_counter()
-    return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps, seconds=end - start,
+    return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps,
+                seconds=end - start,
                 timed_samples=timed_samples, timed_seconds=end - timed_from)
 
 
@@ -104,9 +110,12 @@ def main(argv=None):
     out = Path(args.out)
     dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with DATASET/stats.yaml.
-    splits = {split: WellDataset(path=str(dataset_dir), well_split_name=split, n_steps_input=args.n_steps_input,
-                                 n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # DATASET/stats.yaml.
+    splits = {split: WellDataset(path=str(dataset_dir), well_split_name=split,
+                                 n_steps_input=args.n_steps_input,
+                                 n_steps_output=1, use_normalization=True,
+                                 normalization_type=ZScoreNormalization,
                                  return_grid=False, boundary_return_type=None)
               for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
@@ -115,8 +124,10 @@ def main(argv=None):
                               generator=torch.Generator().manual_seed(args.seed))
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size)
 
-    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as inputs.
-    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width, modes=args.modes)
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
+    # inputs.
+    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
+                                     modes=args.modes)
     print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -129,9 +140,11 @@ def main(argv=None):
             optimizer.load_state_dict(state["optimizer"])
             first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
         except (KeyError, RuntimeError, ValueError):
-            raise UserError(f"{checkpoint} was trained with other settings: use another --out or drop --resume")
+            raise UserError(f"{checkpoint} was trained with other settings: use another --out or "
+                            "drop --resume")
         print(f"Resuming from {checkpoint} after epoch {state['epoch']}")
-    print(f"Training on {device}: {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
+    print(f"Training on {device}: {len(splits['train'])} samples of {dataset_dir.name}, fields "
+          f"{fields}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
     for epoch in range(first_epoch, args.epochs + 1):
@@ -143,9 +156,11 @@ def main(argv=None):
         step += row["steps"]
         row["valid_loss"] = validate(model, valid_loader, device)
         history.append(row)
-        print(f"epoch {epoch}/{args.epochs}  train_loss {row['train_loss']:.4f}  valid_loss {row['valid_loss']:.4f}  "
+        print(f"epoch {epoch}/{args.epochs}  train_loss {row['train_loss']:.4f}  valid_loss "
+              f"{row['valid_loss']:.4f}  "
               f"{row['samples'] / row['seconds']:.0f} samples/s")
-        atomic_torch_save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+        atomic_torch_save(checkpoint, dict(model=model.state_dict(),
+                                           optimizer=optimizer.state_dict(),
                                            epoch=epoch, step=step, history=history))
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
@@ -154,13 +169,17 @@ def main(argv=None):
                                         max_rollout_steps=memory.rollout_steps(model, device))
     model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
     for k in range(min(5, len(model_vrmse))):
-        print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence {persistence_vrmse[k]:.4f}")
-    plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"], std=stats["std"],
+        print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence "
+              f"{persistence_vrmse[k]:.4f}")
+    plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"],
+                         std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
-    excludes = f"the first {WARMUP_STEPS} step(s) of this run (start-up: FFT plans, allocator, loader start)"
+    excludes = (f"the first {WARMUP_STEPS} step(s) of this run (start-up: FFT plans, allocator, "
+                "loader start)")
     if not samples:  # a run too short to leave the start-up out
-        samples, seconds, excludes = sum(h["samples"] for h in history), sum(h["seconds"] for h in history), "nothing"
+        samples, seconds = sum(h["samples"] for h in history), sum(h["seconds"] for h in history)
+        excludes = "nothing"
     atomic_write_json(out / "metrics.json", dict(
         samples_per_second=samples / seconds, samples_per_second_excludes=excludes,
         train_loss=history[-1]["train_loss"], valid_loss=history[-1]["valid_loss"],

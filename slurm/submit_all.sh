@@ -38,7 +38,10 @@ STEPS=(
   "04_stats_2nodes     cpu        data"
   "05_ddp              gpus       data"
   "05_ddp_2nodes       gpus       data"
-  "06_efficiency       gpu        data"
+  "06_exact_metrics    gpus       data"
+  "07_host_syncs       gpu        data"
+  "08_mixed_precision  gpu        data"
+  "09_compile_mfu      gpu        data"
 )
 
 with_2nodes=0 dry=0 selected=() extra=() step_args=()

@@ -57,7 +57,10 @@ STEPS = {
     "02_data_pipeline": "solutions/02_data_pipeline/fno.py",
     "03_affinity": "solutions/03_affinity/fno.py",
     "05_ddp": "solutions/05_ddp/fno.py",
-    "06_efficiency": "solutions/06_efficiency/fno.py",
+    "06_exact_metrics": "solutions/06_exact_metrics/fno.py",
+    "07_host_syncs": "solutions/07_host_syncs/fno.py",
+    "08_mixed_precision": "solutions/08_mixed_precision/fno.py",
+    "09_compile_mfu": "solutions/09_compile_mfu/fno.py",
 }
 
 

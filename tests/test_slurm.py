@@ -293,9 +293,9 @@ def test_slurm_every_job_script_has_a_line_in_submit_all(tmp_path):
                        text=True, timeout=30)
     assert r.returncode == 2 and error_lines(r.stderr) == [
         "error: slurm/07_new.sbatch has no line in STEPS of slurm/submit_all.sh (resources and what it runs after)"]
-    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--args", "09=--x"], env=env,
+    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--args", "99=--x"], env=env,
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and "no submitted step starts with '09'" in r.stderr
+    assert r.returncode == 2 and "no submitted step starts with '99'" in r.stderr
 
 
 def test_slurm_baseline_trains_and_writes_results(slurm_cluster, tmp_path):

@@ -102,7 +102,7 @@ def gpu_jobs(slurm_gpus, slurm_data, tmp_path_factory) -> dict:
                        sbatch_opts=["--nodes=1", "--ntasks=2", "--cpus-per-task=1",
                                     "--gpus-per-node=4"])
     course_env = seam_env(root / "course", slurm_data, "nvidia", GPUS_PER_NODE="2")
-    course = _submit_all(course_env, "00_b", "01", "02", "03", "05", "06")
+    course = _submit_all(course_env, "00_b", "01", "02", "03", "05", "06", "07", "08", "09")
     return {"modes": (modes, root / "modes"), "course": (course, course_env)}
 
 
@@ -117,7 +117,8 @@ def test_slurm_every_gpu_job_runs_its_own_gpu_selection(gpu_jobs):
         wait(job, timeout=400)
     recs = records(Path(env["WELLFNO_GPU_SEAM"]))
     assert {j.name for j in jobs} == {"00_baseline", "01_profiling", "02_throughput", "05_ddp",
-                                      "03_affinity_report", "03_affinity_train", "06_efficiency"}
+                                      "03_affinity_report", "03_affinity_train", "06_exact_metrics",
+                                      "07_host_syncs", "08_mixed_precision", "09_compile_mfu"}
     for job in jobs:
         log = job.out.read_text(errors="replace")
         bad = [line for line in error_lines(log) if any(e in line for e in SELECTION_ERRORS)]
@@ -126,14 +127,15 @@ def test_slurm_every_gpu_job_runs_its_own_gpu_selection(gpu_jobs):
             gpus = dict(re.findall(r"^host=\S+ rank=(\d+) \S+ worker=- .* pci=(\S+)", log, re.M))
             assert sorted(gpus) == ["0", "1"] and len(set(gpus.values())) == 2, log
             continue
-        # the processes that chose a GPU (06's benchmark leaves that to the runs it starts)
+        # the processes that chose a GPU (09's benchmark leaves that to the runs it starts)
         mine = [r for r in recs if r["job"] == job.name and r["gpu"] is not None]
         assert mine, f"{job.name}: no program chose a GPU\n{job.logs()}"
         for step in {r["step"] for r in mine}:
             assert_one_gpu_per_rank([r for r in mine if r["step"] == step], f"{job.name}.{step}")
-    ddp = [r for r in recs if r["job"] == "05_ddp" and r["step"] == "0"]
-    assert sorted(r["rank"] for r in ddp) == [0, 1], ddp
-    for r in ddp:  # launch_ddp: both GPUs visible to both ranks, the local rank's driven
+    for name in ("05_ddp", "06_exact_metrics"):  # the DDP steps' training (their first srun step)
+        ddp = [r for r in recs if r["job"] == name and r["step"] == "0"]
+        assert sorted(r["rank"] for r in ddp) == [0, 1], ddp
+    for r in [r for r in recs if r["job"] in ("05_ddp", "06_exact_metrics") and r["step"] == "0"]:  # launch_ddp: both GPUs visible to both ranks, the local rank's driven
         assert r["visible"] == [0, 1] and r["gpu"] == r["rank"], r
         assert r["backend"] == "nccl" and r["device_work"], r
     train = [r for r in recs if r["job"] == "03_affinity_train" and r.get("device_work")]

@@ -283,8 +283,8 @@ def peak_table(cpu: Peak | None = None, include_cpu: bool = True) -> str:
 
 
 def efficiency_markdown(rows: list[dict]) -> str:
-    """The table of solutions/06_efficiency/benchmark.py: one row per idea added in turn."""
-    lines = ["| step | samples/s | vs 05 | GFLOP/s | MFU | peak used | peak memory (MiB) | compile (s) |",
+    """The table of solutions/09_compile_mfu/benchmark.py: one row per idea added in turn."""
+    lines = ["| step | samples/s | vs first row | GFLOP/s | MFU | peak used | peak memory (MiB) | compile (s) |",
              "|---|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.2f}%"

@@ -532,7 +532,7 @@ def readme_results_table(root: Path) -> str:
     if scaling:  # exercise 05: its sentence lives beside the table it summarises
         rows.append(ddp_readme_row(scaling) + [_link("05_ddp_scaling.json")])
     efficiency = use("efficiency_cpu/efficiency.json")
-    if efficiency:  # exercise 06: its sentence lives beside the table it summarises
+    if efficiency:  # exercises 07-09: its sentence lives beside the table it summarises
         rows.append(efficiency_readme_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
     machines = {}
     for name, res in results.items():
@@ -566,7 +566,7 @@ def ddp_readme_row(result: dict) -> list[str]:
         parts.append(f"{mode} scaling {first['ranks']} to {last['ranks']} ranks: efficiency "
                      f"**{last['efficiency']:.2f}**, {100 * last['comm_share']:.0f} % of a step in collectives "
                      f"({100 * last['exposed_comm_share']:.0f} % not hidden by the backward)")
-    return ["05", f"`{result['command']}` ([exercise 05](exercises/05_ddp/README.md#scaling))",
+    return ["05", f"`{result['command']}` ([exercise 05](exercises/05_ddp/background.md#scaling))",
             "; ".join(parts) + "; the tests check 2 ranks × b = 1 rank × 2b after a step (≤ 1e-5) and "
             "`--eval-only` equal on 1, 2, 3 ranks (≤ 1e-6); GPU nodes: the README's commands, to be measured"]
 
@@ -575,7 +575,7 @@ EFFICIENCY_RESULT = Path("results") / "efficiency_cpu" / "efficiency.json"
 
 
 def efficiency_table(root: Path) -> str:
-    """README renderer (wellfno.results): exercise 06's table from its committed results file."""
+    """README renderer (wellfno.results): exercises 07-09's table from its committed results file."""
     result = read_result(root / EFFICIENCY_RESULT)
     data = result["data"]
     return (flops.efficiency_markdown(data["rows"]) + f"\n\nPeak: {data['peak_device']} ({data['peak_source']}).\n\n"
@@ -583,7 +583,7 @@ def efficiency_table(root: Path) -> str:
 
 
 def efficiency_readme_row(result: dict) -> list[str]:
-    """The course README's results row of exercise 06 (step, command, what it measured) from its results file."""
+    """The course README's results row of exercises 07-09 (step, command, what it measured) from its results file."""
     rows = {r["row"]: r for r in result["data"]["rows"]}
     first, last = result["data"]["rows"][0], result["data"]["rows"][-1]
     parts = [f"{first['row']}: {first['samples_per_s']:.1f} samples/s"]
@@ -596,7 +596,7 @@ def efficiency_readme_row(result: dict) -> list[str]:
     parts.append(f"{last['row'][2:]}: {last['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, MFU "
                  f"**{100 * last['mfu']:.1f} %** of the {last['peak_precision']} peak ({result['data']['peak_device']}"
                  f", an estimate)" if last["mfu"] is not None else f"{last['row'][2:]}: MFU unknown")
-    return ["06", f"`{result['command']}` ([exercise 06](exercises/06_efficiency/README.md#what-you-should-see))",
+    return ["07-09", f"`{result['command']}` ([exercises 07-09](exercises/09_compile_mfu/background.md#what-you-should-see))",
             "; ".join(parts) + "; GPU: the same command, to be measured"]
 
 

@@ -1,9 +1,9 @@
-"""Scaling of solution 05: samples/s and efficiency for 1..N ranks, weak and strong, and the time in communication.
+"""Scaling of solution 05: samples/s and efficiency for 1..N ranks, weak and strong, time in comms.
 
-    python solutions/05_ddp/scaling.py --ranks 1 2                               # this machine: CPU ranks, gloo
-    python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --device cuda --dataset-size large   # one GPU node
-    salloc -N 2 --ntasks-per-node 4 --gpus-per-task 1 ...; python solutions/05_ddp/scaling.py --ranks 1 2 4 8 \\
-        --launcher srun --device cuda                                           # two nodes: 8 is 2 x 4
+    python solutions/05_ddp/scaling.py --ranks 1 2                   # this machine: CPU ranks, gloo
+    python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --device cuda --dataset-size large  # 1 node
+    salloc -N 2 --ntasks-per-node 4 --gpus-per-task 1 ...              # two nodes: 8 is 2 x 4
+    python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --launcher srun --device cuda
 
 Each point is one profiled run of solutions/05_ddp/fno.py (--profile: --max-steps S, the last
 --profile-active steps traced on every rank, the first ones - allocator, FFT plans, loader start -
@@ -22,7 +22,8 @@ would take every core with one thread each, and the comparison would be of threa
 
 Writes OUT/scaling.json (a results file: the command, the machine, every number, the runs'
 commands) and OUT/scaling.png; --results PATH writes the same JSON there too (the repository's
-copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/README.md by `wellfno.results.ddp_scaling_table`).
+copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/background.md by
+`wellfno.results.ddp_scaling_table`).
 The per-rank traces stay in OUT/<mode>_<N>ranks/ for ui.perfetto.dev.
 """
 from __future__ import annotations
@@ -49,17 +50,21 @@ SCRIPT = Path(__file__).resolve().parent / "fno.py"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="world sizes to measure")
     p.add_argument("--modes", nargs="+", choices=["weak", "strong"], default=["weak", "strong"])
-    p.add_argument("--batch-size", type=int, default=8, help="weak: per rank; strong: per rank at the largest N")
-    p.add_argument("--global-batch", type=int, default=None, help="strong scaling's global batch (default "
-                                                                    "--batch-size x the largest --ranks)")
-    p.add_argument("--max-steps", type=int, default=12, help="steps per run (the last --active traced)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="weak: per rank; strong: per rank at the largest N")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="strong scaling's global batch (default: --batch-size x largest --ranks)")
+    p.add_argument("--max-steps", type=int, default=12,
+                   help="steps per run (the last --active traced)")
     p.add_argument("--active", type=int, default=5, help="traced steps per run")
     p.add_argument("--launcher", choices=["torchrun", "srun"], default="torchrun",
                    help="torchrun: one node; srun: inside a Slurm allocation (any number of nodes)")
-    p.add_argument("--srun-args", default="", help="extra srun options, e.g. '--gpus-per-task=1 --cpu-bind=none'")
+    p.add_argument("--srun-args", default="",
+                   help="extra srun options, e.g. '--gpus-per-task=1 --cpu-bind=none'")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dataset", default=data.EMBEDDED)
     p.add_argument("--dataset-size", choices=["tiny", "demo", "large"], default="demo",
@@ -67,16 +72,20 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"))
     p.add_argument("--out", default="runs/scaling")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
-    p.add_argument("--results", help="also write scaling.json to this path (e.g. results/05_ddp_scaling.json)")
+    p.add_argument("--results",
+                   help="also write scaling.json to this path (e.g. results/05_ddp_scaling.json)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more options for fno.py")
     args = p.parse_args(argv)
-    if min(args.ranks) < 1 or args.batch_size < 1 or args.active < 1 or args.max_steps < args.active + 3:
-        raise UserError("--ranks and --batch-size must be at least 1, --max-steps at least --active + 3 "
+    if (min(args.ranks) < 1 or args.batch_size < 1 or args.active < 1
+            or args.max_steps < args.active + 3):
+        raise UserError("--ranks and --batch-size must be at least 1, --max-steps at least "
+                        "--active + 3 "
                         "(the first steps are warm-up, never traced)")
     args.ranks = sorted(set(args.ranks))
     args.global_batch = args.global_batch or args.batch_size * max(args.ranks)
     if "strong" in args.modes and any(args.global_batch % n for n in args.ranks):
-        raise UserError(f"strong scaling splits the global batch {args.global_batch} over the ranks: it must "
+        raise UserError(f"strong scaling splits the global batch {args.global_batch} over the "
+                        "ranks: it must "
                         f"divide by every --ranks value ({args.ranks}); set --global-batch")
     args.extra = [a for a in args.extra if a != "--"]
     return args
@@ -96,7 +105,8 @@ def on_cpu(args) -> bool:
 
 def run_command(args, world: int, batch: int, out: Path, data_dir: Path) -> list[str]:
     fno = [str(SCRIPT), "--data-dir", str(data_dir), "--dataset", args.dataset, "--out", str(out),
-           "--batch-size", str(batch), "--epochs", "1000", "--max-steps", str(args.max_steps), "--profile",
+           "--batch-size", str(batch), "--epochs", "1000", "--max-steps", str(args.max_steps),
+           "--profile",
            "--profile-warmup", "2", "--profile-active", str(args.active), "--device", args.device,
            *(["--bind", "none"] if on_cpu(args) else []), *args.extra]
     if args.launcher == "srun":
@@ -123,7 +133,8 @@ def measure(run_dir: Path, world: int, global_batch: int) -> dict:
     rows = [s[n] for s in per_rank for n in step_numbers]
     total = sum(r["total"] for r in rows)
     comm = sum(r.get("comm_ms", 0.0) for r in rows)
-    return dict(step_ms=step_ms, samples_per_second=global_batch / (step_ms / 1e3), traced_steps=step_numbers,
+    return dict(step_ms=step_ms, samples_per_second=global_batch / (step_ms / 1e3),
+                traced_steps=step_numbers,
                 comm_share=comm / total, comm_measured_on=measured_on,
                 exposed_comm_share=(comm - sum(r.get("overlap_ms", 0.0) for r in rows)) / total)
 
@@ -137,19 +148,24 @@ def scaling_figure(result: dict, machine: str, path: Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for mode, rows in result["modes"].items():
         ranks = [r["ranks"] for r in rows]
-        line, = left.plot(ranks, [r["samples_per_second"] for r in rows], "o-", label=f"{mode} (measured)")
-        left.plot(ranks, [rows[0]["samples_per_second"] * n for n in ranks], ":", color=line.get_color(),
+        line, = left.plot(ranks, [r["samples_per_second"] for r in rows], "o-",
+                          label=f"{mode} (measured)")
+        left.plot(ranks, [rows[0]["samples_per_second"] * n for n in ranks], ":",
+                  color=line.get_color(),
                   label=f"{mode} (ideal)")
-        right.plot(ranks, [r["efficiency"] for r in rows], "o-", color=line.get_color(), label=f"{mode} efficiency")
+        right.plot(ranks, [r["efficiency"] for r in rows], "o-", color=line.get_color(),
+                   label=f"{mode} efficiency")
         right.plot(ranks, [r["comm_share"] for r in rows], "s--", color=line.get_color(), alpha=0.6,
                    label=f"{mode} communication share")
     left.set(xlabel="ranks", ylabel="samples/s", title="throughput", xticks=result["ranks"])
-    right.set(xlabel="ranks", ylabel="fraction", title="efficiency and time in collectives", ylim=(0, 1.15),
+    right.set(xlabel="ranks", ylabel="fraction", title="efficiency and time in collectives",
+              ylim=(0, 1.15),
               xticks=result["ranks"])
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"solution 05 scaling on {machine} ({result['device']}, {result['launcher']})", fontsize=8)
+    fig.suptitle(f"solution 05 scaling on {machine} ({result['device']}, {result['launcher']})",
+                 fontsize=8)
     fig.tight_layout()
     return plots.save_png(fig, path)
 
@@ -163,8 +179,10 @@ def main(argv=None):
 
         generate(Path(args.data_dir), args.dataset_size)
     data.resolve_dataset(args.data_dir, args.dataset)
-    result = dict(device=args.device, launcher=args.launcher, threads_per_rank=1 if on_cpu(args) else None,
-                  dataset=str(dataset_dir), ranks=args.ranks, max_steps=args.max_steps, traced_steps=args.active,
+    result = dict(device=args.device, launcher=args.launcher,
+                  threads_per_rank=1 if on_cpu(args) else None,
+                  dataset=str(dataset_dir), ranks=args.ranks, max_steps=args.max_steps,
+                  traced_steps=args.active,
                   load_average_before=round(os.getloadavg()[0], 2), modes={}, commands=[])
     for mode in args.modes:
         rows = []
@@ -172,27 +190,34 @@ def main(argv=None):
             batch = args.batch_size if mode == "weak" else args.global_batch // world
             run_dir = out / f"{mode}_{world}ranks"
             cmd = run_command(args, world, batch, run_dir, Path(args.data_dir))
-            print(f"{mode} scaling, {world} rank(s), {batch} per rank: {shlex.join(cmd)}", flush=True)
+            print(f"{mode} scaling, {world} rank(s), {batch} per rank: {shlex.join(cmd)}",
+                  flush=True)
             started = time.perf_counter()
             run_dir.mkdir(parents=True, exist_ok=True)
             for old in run_dir.glob("trace_rank*.json.gz"):
                 old.unlink()  # a trace of an earlier run must not pass for this one
             with open(run_dir / "log.txt", "w") as log:
                 try:
-                    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout,
-                                          env={**os.environ, **({"OMP_NUM_THREADS": "1"} if on_cpu(args) else {})})
+                    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                          timeout=args.timeout,
+                                          env={**os.environ, **({"OMP_NUM_THREADS": "1"}
+                                                                if on_cpu(args) else {})})
                 except subprocess.TimeoutExpired:
-                    raise UserError(f"{mode} scaling with {world} rank(s) took over {args.timeout:.0f} s: "
-                                    f"see {run_dir / 'log.txt'}; raise --timeout or lower --max-steps") from None
+                    raise UserError(f"{mode} scaling with {world} rank(s) took over "
+                                    f"{args.timeout:.0f} s: see {run_dir / 'log.txt'}; raise "
+                                    f"--timeout or lower --max-steps") from None
             if done.returncode != 0:
-                raise UserError(f"{mode} scaling with {world} rank(s) failed (exit {done.returncode}): "
+                raise UserError(f"{mode} scaling with {world} rank(s) failed (exit "
+                                f"{done.returncode}): "
                                 f"see {run_dir / 'log.txt'}")
             if re.search(r"^epoch \d+/\d+ ", (run_dir / "log.txt").read_text(), re.M):
                 # validation between epochs would fall inside a traced step and inflate it
-                raise UserError(f"{mode} scaling with {world} rank(s): an epoch ended within --max-steps "
-                                f"{args.max_steps}; use a larger dataset (--dataset-size) or fewer --max-steps")
+                raise UserError(f"{mode} scaling with {world} rank(s): an epoch ended within "
+                                f"--max-steps {args.max_steps}; use a larger dataset "
+                                f"(--dataset-size) or fewer --max-steps")
             row = dict(ranks=world, per_rank_batch=batch, global_batch=batch * world,
-                       seconds=time.perf_counter() - started, **measure(run_dir, world, batch * world))
+                       seconds=time.perf_counter() - started,
+                       **measure(run_dir, world, batch * world))
             rows.append(row)
             result["commands"].append(shlex.join(cmd))
         for row in rows:
@@ -200,20 +225,25 @@ def main(argv=None):
                                                              rows[0]["samples_per_second"])
         result["modes"][mode] = rows
     result["load_average_after"] = round(os.getloadavg()[0], 2)
-    command = shlex.join(["python", "solutions/05_ddp/scaling.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "solutions/05_ddp/scaling.py",
+                          *(argv if argv is not None else sys.argv[1:])])
     written = read_result(write_result(out / "scaling.json", command, result))
     if args.results:
         write_result(args.results, command, result)
     figure = scaling_figure(result, describe(written["machine"]), out / "scaling.png")
-    print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} ({args.device}, {args.launcher}):")
-    print(f"{'mode':>7} {'ranks':>5} {'batch/rank':>10} {'step ms':>8} {'samples/s':>10} {'efficiency':>10} "
+    print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} ({args.device}, "
+          f"{args.launcher}):")
+    print(f"{'mode':>7} {'ranks':>5} {'batch/rank':>10} {'step ms':>8} {'samples/s':>10} "
+          f"{'efficiency':>10} "
           f"{'comm':>6} {'exposed':>8}")
     for mode, rows in result["modes"].items():
         for r in rows:
             print(f"{mode:>7} {r['ranks']:5d} {r['per_rank_batch']:10d} {r['step_ms']:8.1f} "
-                  f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} {100 * r['comm_share']:5.1f}% "
+                  f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} "
+                  f"{100 * r['comm_share']:5.1f}% "
                   f"{100 * r['exposed_comm_share']:7.1f}%")
-    print(f"Wrote {out / 'scaling.json'}{' and ' + args.results if args.results else ''} and {figure}")
+    print(f"Wrote {out / 'scaling.json'}{' and ' + args.results if args.results else ''} and "
+          f"{figure}")
 
 
 if __name__ == "__main__":

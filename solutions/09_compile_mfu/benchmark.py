@@ -1,14 +1,15 @@
-"""Exercise 06's table: one row per idea, added in turn, measured side by side in one run.
+"""Exercises 07-09's table: one row per idea, added in turn, measured side by side in one run.
 
-    python solutions/06_efficiency/benchmark.py --data-dir data --out runs/ex06
-    python solutions/06_efficiency/benchmark.py --data-dir $WELL_DATA --out runs/ex06_gpu \\
-        --common "--num-workers 4 --pin-memory --fast-reader" --steps 200   # the same table on a GPU node
+    python solutions/09_compile_mfu/benchmark.py --data-dir data --out runs/ex09
+    python solutions/09_compile_mfu/benchmark.py --data-dir $WELL_DATA --out runs/ex09_gpu \\
+        --common "--num-workers 4 --pin-memory --fast-reader" --steps 200   # on a GPU node
 
-Rows (each one the row above plus one idea):
-  05 as is              solutions/05_ddp/fno.py: loss.item() every step, float32, eager
-  + no host syncs       solutions/06_efficiency/fno.py --log-every <more than the run>
-  + bf16                ... --amp bf16
-  + torch.compile       ... --compile (the compiling first step is timed apart, not in samples/s)
+Rows (each one the row above plus one idea, each the solution of the step that adds it):
+  06 as is              solutions/06_exact_metrics/fno.py: loss.item() every step, float32, eager
+  + no host syncs       solutions/07_host_syncs/fno.py --log-every <more than the run>
+  + bf16                solutions/08_mixed_precision/fno.py ... --amp bf16
+  + torch.compile       solutions/09_compile_mfu/fno.py ... --compile (the compiling first step is
+                        timed apart, not in samples/s)
   + width W, batch B    ... --width W --batch-size B: more work per kernel
 
 For each: training samples/s (its metrics.json), FLOP/s = FLOPs per sample (wellfno.flops,
@@ -38,16 +39,18 @@ from wellfno.model import NextFrameFNO
 from wellfno.resultfiles import write_result
 
 REPO = Path(__file__).resolve().parents[2]
-BASELINE = REPO / "solutions" / "05_ddp" / "fno.py"
-SOLUTION = REPO / "solutions" / "06_efficiency" / "fno.py"
+BASELINE = REPO / "solutions" / "06_exact_metrics" / "fno.py"
+NO_SYNCS = REPO / "solutions" / "07_host_syncs" / "fno.py"
+AMP = REPO / "solutions" / "08_mixed_precision" / "fno.py"
+SOLUTION = REPO / "solutions" / "09_compile_mfu" / "fno.py"
 DEFAULT_WIDTH, DEFAULT_BATCH = 32, 16  # fno.py's model and batch
 
 
 def rows_to_run(args) -> list[tuple[str, Path, list[str]]]:
     no_syncs = ["--log-every", str(10 * args.steps)]  # never read back inside the timed steps
-    rows = [("05 as is", Path(args.baseline), []),
-            ("+ no host syncs", SOLUTION, no_syncs),
-            ("+ bf16", SOLUTION, no_syncs + ["--amp", "bf16"])]
+    rows = [("06 as is", Path(args.baseline), []),
+            ("+ no host syncs", NO_SYNCS, no_syncs),
+            ("+ bf16", AMP, no_syncs + ["--amp", "bf16"])]
     last = rows[-1][2]
     if not args.no_compile:
         last = last + ["--compile"]
@@ -58,11 +61,14 @@ def rows_to_run(args) -> list[tuple[str, Path, list[str]]]:
 
 
 def flops_per_sample(dataset_dir: Path, width: int, batch_size: int) -> float:
-    """FLOPs of one training sample of the FNO the scripts build, for the 05 row (its metrics lack them)."""
+    """FLOPs of one training sample of the FNO the scripts build, for the rows before 09 (their
+    metrics lack them)."""
     splits = data.well_datasets(dataset_dir, 1)
-    fields, grid = len(data.channel_names(splits["train"])), tuple(splits["train"][0]["input_fields"].shape[1:3])
+    fields = len(data.channel_names(splits["train"]))
+    grid = tuple(splits["train"][0]["input_fields"].shape[1:3])
     ones = torch.ones(fields)
-    model = NextFrameFNO(fields, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones), width=width)
+    model = NextFrameFNO(fields, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones,
+                                         std_delta=ones), width=width)
     x = torch.zeros(batch_size, fields, *grid)
     return flops.training_flops_per_sample(model, x, x[:, :fields], model.loss)["per_sample"]
 
@@ -70,7 +76,8 @@ def flops_per_sample(dataset_dir: Path, width: int, batch_size: int) -> float:
 def run_row(args, script: Path, options: list[str], out: Path) -> dict:
     cmd = [sys.executable, str(script), "--data-dir", str(args.data_dir), "--dataset", args.dataset,
            "--out", str(out), "--epochs", "1000",
-           "--max-steps", str(args.steps), "--seed", "0", "--device", args.device, *shlex.split(args.common), *options]
+           "--max-steps", str(args.steps), "--seed", "0", "--device", args.device,
+           *shlex.split(args.common), *options]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode:
         last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -81,62 +88,80 @@ def run_row(args, script: Path, options: list[str], out: Path) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default="data", help="folder that holds datasets/")
-    p.add_argument("--dataset", default=data.EMBEDDED, help="embedded dataset (the default) or a Well dataset")
-    p.add_argument("--out", default="runs/ex06", help="output folder for efficiency.json and efficiency.png")
-    p.add_argument("--keep-runs", help="keep each training run's folder under this folder (default: a temporary one)")
+    p.add_argument("--dataset", default=data.EMBEDDED,
+                   help="embedded dataset (the default) or a Well dataset")
+    p.add_argument("--out", default="runs/ex09",
+                   help="output folder for efficiency.json and efficiency.png")
+    p.add_argument("--keep-runs",
+                   help="keep each training run's folder under this folder (default: a temporary "
+                        "one)")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (--max-steps)")
-    p.add_argument("--repeats", type=int, default=1, help="round-robin rounds; each number is the best round")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="round-robin rounds; each number is the best round")
     p.add_argument("--width", type=int, default=64, help="FNO width of the last row")
     p.add_argument("--batch-size", type=int, default=64, help="batch size of the last row")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
-    p.add_argument("--common", default="", help="options given to every row, e.g. \"--num-workers 4 --fast-reader\"")
+    p.add_argument("--common", default="",
+                   help="options given to every row, e.g. \"--num-workers 4 --fast-reader\"")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--baseline", default=str(BASELINE), help="the script of the first row")
     args = p.parse_args(argv)
     if min(args.steps, args.repeats, args.width, args.batch_size) < 1:
         raise UserError("--steps, --repeats, --width and --batch-size must be at least 1")
     if not Path(args.baseline).is_file():
-        raise UserError(f"--baseline {args.baseline}: no such script (solution 05 is the first row's script)")
+        raise UserError(f"--baseline {args.baseline}: no such script (solution 06 is the first "
+                        "row's script)")
     device = pick_device(args.device)
     dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     out = Path(args.out)
     rows = rows_to_run(args)
     info = machine(device)
-    print(f"Measuring {len(rows)} rows x {args.repeats} rounds of {args.steps} steps on {info.get('gpu', info['cpu'])}")
+    print(f"Measuring {len(rows)} rows x {args.repeats} rounds of {args.steps} steps on "
+          f"{info.get('gpu', info['cpu'])}")
     best: list[dict | None] = [None] * len(rows)
-    with tempfile.TemporaryDirectory(prefix="wellfno-ex06-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="wellfno-ex09-") as scratch:
         runs = Path(args.keep_runs or scratch)
         for round_ in range(args.repeats):
             for i, (name, script, options) in enumerate(rows):
                 metrics = run_row(args, script, options, runs / f"{i}_round{round_}")
                 if best[i] is None or metrics["samples_per_second"] > best[i]["samples_per_second"]:
                     best[i] = metrics
-                print(f"round {round_ + 1}/{args.repeats}  {metrics['samples_per_second']:9.1f} samples/s  {name}",
+                print(f"round {round_ + 1}/{args.repeats}  {metrics['samples_per_second']:9.1f} "
+                      f"samples/s  {name}",
                       flush=True)
-    # The 05 row has no FLOP count of its own: same model as the next row, counted here; same peak.
-    baseline = best[0]
-    baseline["flops_per_sample"] = flops_per_sample(dataset_dir, DEFAULT_WIDTH, DEFAULT_BATCH)
-    for key in ("peak_flops_per_s", "peak_precision", "peak_device", "peak_source"):
-        baseline[key] = best[1][key]
+    # The rows before 09 have no FLOP count of their own: the model of their (default) size, counted
+    # here, against the device's peak for their precision (float32, bf16).
+    baseline, peak = best[0], flops.device_peak(device)
+    for i, (_, script, options) in enumerate(rows):
+        if script == SOLUTION:
+            continue
+        best[i]["flops_per_sample"] = flops_per_sample(dataset_dir, DEFAULT_WIDTH, DEFAULT_BATCH)
+        amp = options[options.index("--amp") + 1] if "--amp" in options else "none"
+        best[i].update(flops.utilization(best[i]["flops_per_sample"], best[i]["samples_per_second"],
+                                         peak, amp))
     table = []
     for (name, script, options), m in zip(rows, best):
         achieved = m["flops_per_sample"] * m["samples_per_second"]
         table.append(dict(
-            row=name, command=" ".join([str(script.relative_to(REPO)) if script.is_relative_to(REPO) else str(script),
-                                        *options]),
-            samples_per_s=m["samples_per_second"], vs_first=m["samples_per_second"] / baseline["samples_per_second"],
+            row=name,
+            command=" ".join([str(script.relative_to(REPO)) if script.is_relative_to(REPO)
+                              else str(script), *options]),
+            samples_per_s=m["samples_per_second"],
+            vs_first=m["samples_per_second"] / baseline["samples_per_second"],
             flops_per_sample=m["flops_per_sample"], achieved_flops_per_s=achieved,
             peak_flops_per_s=m["peak_flops_per_s"], peak_precision=m["peak_precision"],
             mfu=achieved / m["peak_flops_per_s"] if m["peak_flops_per_s"] else None,
             peak_memory_bytes=m.get("peak_memory_bytes"), peak_memory_of=m.get("peak_memory_of"),
             compile_seconds=m.get("compile_seconds")))
     print(flops.efficiency_markdown(table))
-    result = dict(device=str(device), peak_device=best[1]["peak_device"], peak_source=best[1]["peak_source"],
+    result = dict(device=str(device), peak_device=best[-1]["peak_device"],
+                  peak_source=best[-1]["peak_source"],
                   steps=args.steps, repeats=args.repeats, common=args.common, rows=table)
     given = argv if argv is not None else sys.argv[1:]
-    command = shlex.join(["python", "solutions/06_efficiency/benchmark.py", *given])
+    command = shlex.join(["python", "solutions/09_compile_mfu/benchmark.py", *given])
     write_result(out / "efficiency.json", command, result, device)
-    print(f"Wrote {out / 'efficiency.json'} and {figure(dict(result, machine=info), out / 'efficiency.png')}")
+    print(f"Wrote {out / 'efficiency.json'} and "
+          f"{figure(dict(result, machine=info), out / 'efficiency.png')}")
 
 
 def figure(result: dict, path: Path) -> Path:
@@ -155,7 +180,8 @@ def figure(result: dict, path: Path) -> Path:
     axes[0].invert_yaxis()
     axes[1].barh(names, [100 * (r["mfu"] or 0) for r in rows], color="tab:orange")
     axes[1].set(xlabel="MFU (% of peak)", title=f"vs {result['peak_device']}")
-    fig.suptitle(f"Exercise 06 on {result['machine'].get('gpu', result['machine']['cpu'])}", fontsize=10)
+    fig.suptitle(f"Exercises 07-09 on {result['machine'].get('gpu', result['machine']['cpu'])}",
+                 fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)
 

@@ -1,0 +1,117 @@
+"""What the DDP checks of exercises 05 and 06 share: start ranks, read the probe, compare checkpoints.
+
+The ranks run on the CPU with gloo, started as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR/PORT in the environment), each its own process, so that each rank's output and exit
+status can be checked; one test goes through torchrun itself and one through srun on the local
+Slurm cluster. A probe (tests/ddp_probe/sitecustomize.py) records which samples each rank reads
+and which files it writes, and makes one rank fail on demand.
+
+Data: the tiny embedded dataset with --n-steps-input 10, so that an epoch is 8 training samples
+(4 trajectories x 2 windows) and 4 validation samples: 3 ranks divide neither.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from tests.conftest import PYTHON, REPO
+
+PROBE = Path(__file__).resolve().parent / "ddp_probe"
+SMALL = ("--n-steps-input", "10", "--bind", "none", "--seed", "3")  # 8 train, 4 valid samples
+N_TRAIN, N_VALID = 8, 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def probe_env(log_dir: Path | None = None, fail: str | None = None) -> dict:
+    env = {"PYTHONPATH": os.pathsep.join([str(PROBE), os.environ.get("PYTHONPATH", "")])}
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env["WELLFNO_PROBE_LOG"] = str(log_dir)
+    if fail is not None:
+        env["WELLFNO_PROBE_FAIL"] = fail
+    return env
+
+
+def launch(script, world: int, *args, env: dict | None = None, timeout: float = 300):
+    """Start `world` ranks as torchrun would (one process each); wait; return [(rc, stdout, stderr)] by rank.
+
+    world=0 means no launcher at all: one plain process."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT")
+            and not k.startswith("SLURM_")}
+    base.update(env or {})
+    port = str(free_port())
+    procs = []
+    for rank in range(max(world, 1)):
+        rank_env = dict(base)
+        if world:
+            rank_env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([PYTHON, str(script), *map(str, args)], cwd=REPO,
+                                      env=rank_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results, deadline = [], time.monotonic() + timeout
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return results
+
+
+def assert_ok(results):
+    """Every rank exited 0; else the failing rank's last lines (its own error, not a dump)."""
+    for rank, (rc, out, err) in enumerate(results):
+        assert rc == 0, f"rank {rank} exited with {rc}: " + "\n".join((out + err).strip().splitlines()[-15:])
+
+
+def parameters(checkpoint: Path) -> dict:
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+
+
+def max_relative_difference(a: dict, b: dict) -> float:
+    """max over tensors of max|a - b| / max|b| (per tensor, so that entries near 0 do not blow it up)."""
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for name in a:
+        if not torch.is_floating_point(a[name]) and not torch.is_complex(a[name]):
+            assert torch.equal(a[name], b[name]), name
+            continue
+        # FNO's spectral weights
+        wide = torch.complex128 if torch.is_complex(a[name]) else torch.float64
+        x, y = a[name].to(wide), b[name].to(wide)
+        worst = max(worst, ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item())
+    return worst
+
+
+def read_probe(log_dir: Path) -> dict:
+    """{rank: {"train": [...], "valid": [...], "rollout": [...], "write": [...]}} from the probe's logs."""
+    seen = defaultdict(lambda: defaultdict(list))
+    for path in log_dir.glob("*.log"):
+        rank = int(path.name.split(".")[0])
+        for line in path.read_text().splitlines():
+            kind, _, value = line.partition(" ")
+            seen[rank][kind].append(int(value) if kind != "write" else value)
+    return seen
+
+
+def error_lines(text: str) -> list[str]:
+    """The `error: ...` lines (one may follow a progress bar that ended without a newline)."""
+    return re.findall(r"(?:^|[\r\n]|\]|\s)(error: [^\r\n]*)", text)

@@ -1,0 +1,71 @@
+"""Mixed precision for the FNO (exercise 08): can this device do it, and the FNO's two workarounds.
+
+`check_amp` refuses a precision the device cannot run as such (emulated bf16 runs slower than
+float32). `spectral_convs_in_float32` and `ComplexGradsAsReal` are taught in solution 08
+(`solutions/08_mixed_precision/fno.py`); later solutions import them from here
+(tests/test_drift.py: the same syntax trees as solution 08's).
+"""
+from __future__ import annotations
+
+import torch
+
+from wellfno.cli import UserError
+
+
+def autocast_available(device_type: str) -> bool:
+    """torch.amp.is_autocast_available, which torch has only from 2.4 (before: cuda and cpu)."""
+    check = getattr(torch.amp, "is_autocast_available", None)
+    return check(device_type) if check is not None else device_type in ("cuda", "cpu")
+
+
+def check_amp(amp: str, device: torch.device) -> None:
+    """One `error:` line when `--amp amp` cannot run on `device` as that precision."""
+    if amp == "bf16" and device.type == "cuda":
+        try:  # emulated bf16 (e.g. on a V100) runs slower than float32: only the real thing counts
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch before 2.4 has no such flag
+            native = torch.cuda.is_bf16_supported()
+        if not native:
+            raise UserError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 "
+                            "units: "
+                            f"use --amp fp16")
+    if amp != "none" and not autocast_available(device.type):
+        raise UserError(f"--amp {amp}: torch has no autocast for {device.type}: use --amp none")
+
+
+def spectral_convs_in_float32(fno):
+    """Feed every SpectralConv float32, so its FFTs and complex weights stay float32 under autocast.
+
+    Autocast puts the 1x1 convolutions (most of the FLOPs) in bf16/fp16, and their output goes into
+    the FFT. CPU autocast casts FFTs to float32 itself; CUDA and ROCm autocast do not, and there
+    torch.fft refuses bfloat16 (pytorch/pytorch#117844) and does float16 only for powers of 2.
+    """
+    def to_float32(module, args):
+        return (args[0].float(), *args[1:])
+    for conv in fno.fno_blocks.convs:
+        conv.register_forward_pre_hook(to_float32)
+
+
+class ComplexGradsAsReal:
+    """The optimizer as GradScaler sees it: complex gradients shown as real (..., 2) views.
+
+    GradScaler cannot unscale complex gradients (pytorch/pytorch#58228), and the spectral weights
+    are complex. Unscaling a real view unscales the complex gradient in place; step() is the
+    optimizer's own.
+    """
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        def real(p):  # GradScaler reads p.grad of each parameter: give it a real view of both
+            if p.grad is None or not p.grad.is_complex():
+                return p
+            view = torch.view_as_real(p.detach())
+            view.grad = torch.view_as_real(p.grad)
+            return view
+        return [{**group, "params": [real(p) for p in group["params"]]}
+                for group in self.optimizer.param_groups]
+
+    def step(self, *args, **kwargs):
+        return self.optimizer.step(*args, **kwargs)
