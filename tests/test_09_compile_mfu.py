@@ -256,19 +256,13 @@ def test_docstring_shows_only_this_script(script):
 
 def test_amp_check_needs_no_torch_2_4_api(script_module, monkeypatch):
     """torch.amp.is_autocast_available came with torch 2.4; the course supports torch 2.3, whose
-    torch.amp lacks it: checking --amp must not touch it, and still refuse a missing autocast."""
+    torch.amp lacks it: checking --amp must work without it, and still refuse a device type that
+    has no autocast there."""
     monkeypatch.delattr(torch.amp, "is_autocast_available", raising=False)  # as in torch 2.3
     script_module.check_amp("bf16", torch.device("cpu"))
     script_module.check_amp("none", torch.device("cpu"))
-
-    def no_autocast(device_type, *args, **kwargs):  # what torch.autocast does for an unknown device
-        raise RuntimeError(f"User specified an unsupported autocast device_type '{device_type}'")
-
-    monkeypatch.setattr(torch, "autocast", no_autocast)
-    with pytest.raises(
-        script_module.UserError, match="--amp bf16: torch has no bf16 autocast for cpu"
-    ):
-        script_module.check_amp("bf16", torch.device("cpu"))
+    with pytest.raises(script_module.UserError, match="--amp bf16: torch has no autocast for meta"):
+        script_module.check_amp("bf16", torch.device("meta"))
 
 
 def _fake_triton(monkeypatch):
@@ -316,61 +310,30 @@ def test_compile_on_a_gpu_without_a_host_c_compiler_is_one_line(
     script_module.check_compiler(gpu)  # gcc found: no error
 
 
-def test_profile_table_key_and_peak_memory_reset(
-    script_module, tiny_data_dir, tmp_path, monkeypatch
-):
-    """Two GPU-only defects checked through what the script calls, on the CPU:
-    - the profile table's sort key comes from profiling.traces.key_averages_sort_key (torch 2.3
-      names it self_cuda_time_total; a hard-coded self_device_time_total crashes there after
-      training);
-    - the peak-memory count restarts after the float32 FLOP-count pass and before training, or a
-      GPU's max_memory_allocated reports that pass instead of what bf16 training needs. CPU max RSS
-      cannot be reset, so the effect itself is a GPU test (tests/test_gpu.py)."""
+def test_profile_table_key_from_traces(script_module, tiny_data_dir, tmp_path, monkeypatch):
+    """The profile table's sort key comes from profiling.traces.key_averages_sort_key (torch 2.3
+    names it self_cuda_time_total; a hard-coded self_device_time_total crashes there after
+    training), asked after training. The peak-memory reset after the float32 FLOP count is a GPU
+    branch (a CPU's max RSS has no reset): its effect is tests/test_gpu.py's peak-memory test."""
     from profiling import traces
 
     events = []
-    count, key, train = (
-        flops.training_flops_per_sample,
-        traces.key_averages_sort_key,
-        script_module.train_one_epoch,
-    )
-    monkeypatch.setattr(
-        flops, "training_flops_per_sample", lambda *a, **k: events.append("count") or count(*a, **k)
-    )
-    monkeypatch.setattr(
-        script_module, "reset_peak_memory", lambda device: events.append(("reset", device.type))
-    )
+    key, train = traces.key_averages_sort_key, script_module.train_one_epoch
     monkeypatch.setattr(
         script_module, "train_one_epoch", lambda *a, **k: events.append("train") or train(*a, **k)
     )
     monkeypatch.setattr(
-        traces,
-        "key_averages_sort_key",
-        lambda device: events.append(("key", device.type)) or key(device),
+        traces, "key_averages_sort_key", lambda device: events.append(("key", device.type)) or key(device)
     )
-    call_main(
-        script_module,
-        "--data-dir",
-        tiny_data_dir,
-        "--out",
-        tmp_path / "prof",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "1",
-        "--bind",
-        "none",
-        "--profile",
-        "--max-steps",
-        "7",
-    )
-    assert events == ["count", ("reset", "cpu"), "train", ("key", "cpu")], events
+    call_main(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "prof", "--epochs",
+              "1", "--batch-size", "1", "--bind", "none", "--profile", "--max-steps", "7")
+    assert events == ["train", ("key", "cpu")], events
 
 
 @pytest.mark.slow
 def test_memory_line_from_rank_0_only(script, tiny_data_dir, tmp_path):
     """The job speaks with one voice: rank 0 prints the memory estimate, as in solution 05."""
-    from tests.test_05_ddp import SMALL, assert_ok, launch
+    from tests.ddp_helpers import SMALL, assert_ok, launch
 
     results = launch(
         script,

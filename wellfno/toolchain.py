@@ -27,3 +27,18 @@ def check_compiler(device: torch.device) -> None:
         raise UserError("--compile on a GPU needs Triton (pip install triton; ROCm: "
                         "pytorch-triton-rocm), "
                         "which this torch lacks: install it or run without --compile")
+    elif not host_c_compiler():
+        raise UserError("--compile on a GPU needs a host C compiler for Triton (gcc or clang on "
+                        "PATH, or CC) and there is none: install one (e.g. apt install gcc, or "
+                        "module load gcc) or run without --compile")
+
+
+def host_c_compiler() -> str | None:
+    """The C compiler Triton builds its kernel launchers with, found as Triton finds it: $CC,
+    else gcc, else clang on PATH (python/triton/runtime/build.py in triton-lang/triton, which
+    otherwise fails at the first kernel: "Failed to find C compiler. Please specify via CC
+    environment variable.")."""
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return shutil.which("gcc") or shutil.which("clang")
