@@ -218,14 +218,21 @@ fi
 # ---- daemons ----------------------------------------------------------------
 # A changed configuration (nodes, GRES) needs every daemon restarted; queued
 # jobs survive in the state folder, running ones may be lost (say so).
-# The same nodes and GPUs, other settings (timeouts, partitions): `scontrol reconfigure` is enough
-# and leaves running jobs alone.
+# The same nodes and GPUs, other settings (timeouts, partitions): restarting slurmctld alone is
+# enough and leaves running jobs alone (`scontrol reconfigure` is not: slurmctld computes its
+# node ping interval from SlurmdTimeout only when it starts).
 if [ -f "$CONF" ] && cmp -s "$gtmp" "$GRES_CONF" && ! cmp -s "$tmp" "$CONF" \
    && [ "$(grep '^NodeName=' "$tmp")" = "$(grep '^NodeName=' "$CONF")" ] \
    && pgrep -x slurmctld >/dev/null && all_slurmd_running; then
   mv -f "$tmp" "$CONF"; rm -f "$gtmp"
-  scontrol reconfigure || die "scontrol reconfigure failed (see $ROOT/log/slurmctld.log)"
-  echo "slurm/ci/start_cluster.sh: configuration changed (same nodes): reconfigured"
+  ctld_pid="$(cat "$ROOT/run/slurmctld.pid" 2>/dev/null || true)"
+  if [ -n "$ctld_pid" ]; then
+    kill -TERM "$ctld_pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$ctld_pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  slurmctld -f "$CONF"
+  scontrol reconfigure >/dev/null 2>&1 || true   # the slurmds read the new file too
+  echo "slurm/ci/start_cluster.sh: configuration changed (same nodes): restarted slurmctld"
   cp "$CONF" "$tmp"; cp "$GRES_CONF" "$gtmp"
 fi
 if ! cmp -s "$tmp" "$CONF" || ! cmp -s "$gtmp" "$GRES_CONF"; then
