@@ -118,7 +118,7 @@ need_nodes() {
     case "$a" in --partition=*|-p*) part="${a#--partition=}"; part="${part#-p}";; esac
   done
   [ -n "$part" ] || part="$(sinfo -h -o '%P' 2>/dev/null | sed -n 's/\*$//p' | head -n1)"
-  have="$(sinfo -h -a -p "$part" -o '%D' 2>/dev/null | awk '{n += $1} END {print n + 0}')"
+  have="$(sinfo -h -p "$part" -o '%D' 2>/dev/null | awk '{n += $1} END {print n + 0}' || true)"
   [ "$have" -ge "$nodes" ] || die "$name needs $nodes nodes, but partition '${part:-?}' has $have: submit it where $nodes nodes can run it (SITE_PARTITION in slurm/site.env), or leave out --with-2nodes"
 }
 

@@ -97,7 +97,7 @@ def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(two_nodes, slurm_data, tmp
                      f"stats-{second}-3.err"], tasks
     agents = sorted(p.name for p in job.run_dir.glob("torchrun-*.err"))
     assert agents == [f"torchrun-{first}-0.err", f"torchrun-{second}-1.err"], "not one torchrun per node"
-    log = job.out.read_text()
+    log = job.out.read_text() + job.err.read_text()
     assert re.search(rf"^torchrun: nnodes=2 nproc_per_node=2 rendezvous={first}:\d+$", log, re.M), log
     assert "4 rank(s) (torchrun, gloo)" in log and "4 rank(s) (srun, gloo)" in log, log
 
