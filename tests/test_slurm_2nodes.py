@@ -56,6 +56,12 @@ def two_nodes(slurm_cluster) -> list[str]:
     return nodes[:2]
 
 
+def all_error_lines(text: str) -> list[str]:
+    """The programs' `error: ...` lines, also one that follows a progress bar ending without a
+    newline (not Slurm's own "srun: error: ..." lines)."""
+    return re.findall(r"(?:^|[\r\n]|\])(error: [^\r\n]*)", text)
+
+
 def report_lines(text: str) -> dict[int, dict]:
     """The training program's own line per rank: 'host=n2 rank=2 local_rank=0 ...' -> {2: {...}}."""
     return {int(m.group(2)): {"host": m.group(1), "local_rank": int(m.group(3))} for m in
@@ -251,11 +257,13 @@ def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(two_nodes, slu
         assert r.returncode == 0, r.stderr
     assert job.state in ("NODE_FAIL", "FAILED"), job.logs()
     assert took <= 30, f"the job took {took:.0f} s to end after {second} was lost\n{job.logs()}"
-    errors = error_lines(job.out.read_text())
+    errors = all_error_lines(job.out.read_text() + job.err.read_text())
     assert len(errors) == 1, job.logs()
     assert re.fullmatch(rf"error: rank [23] stopped responding .* its node {second} did; stopped all 4 ranks",
                         errors[0]), errors
-    assert sorted(p.name for p in job.run_dir.iterdir()) == ["checkpoint.pt", "job.txt", "slurm.out"]
+    assert f"srun: error: Node failure on {second}" in job.err.read_text(), job.logs()
+    written = {p.name for p in job.run_dir.iterdir()} - {"job.txt", "slurm.out", "slurm.err"}  # common.sh's
+    assert written == {"checkpoint.pt"}, f"half-written or unexpected files: {sorted(written)}"
     state = torch.load(checkpoint, weights_only=True)
     assert state["epoch"] == 1 and state["world_size"] == 4
 
@@ -282,7 +290,7 @@ def test_slurm_2nodes_rank_that_cannot_reach_the_rendezvous_is_one_line(two_node
                         "--epochs", "1", "--bind", "none", "--timeout", str(timeout)],
                        env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     took = time.monotonic() - started
-    errors = error_lines(r.stderr)
+    errors = all_error_lines(r.stderr)
     assert r.returncode != 0 and len(errors) == 2, r.stderr[-3000:]
     assert sorted(e.split()[2] for e in errors) == ["0", "1"], errors         # "error: rank R cannot join ..."
     assert all("cannot join the other ranks" in e for e in errors), errors
