@@ -210,7 +210,7 @@ def _count_numbers(x) -> int:
 
 # --------------------------------------------------------------------------- tests
 def test_slurm_job_scripts_are_valid_bash():
-    """Every script, the two-node one included (it cannot run on one node), parses."""
+    """Every script parses (the two-node ones also run, in tests/test_slurm_2nodes.py)."""
     scripts = sorted(SLURM_DIR.glob("*.sbatch")) + sorted(SLURM_DIR.glob("*.sh")) \
         + sorted((SLURM_DIR / "ci").glob("*.sh")) + [SLURM_DIR / "common.sh", SLURM_DIR / "site.env"]
     assert any(p.name == "04_stats_2nodes.sbatch" for p in scripts)
