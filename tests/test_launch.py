@@ -67,10 +67,11 @@ def test_export_rendezvous_for_srun():
 
 
 def test_export_rendezvous_names_a_host_that_does_not_resolve():
-    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0",
-           "SLURM_STEP_NODELIST": "nosuchnode[7-8]"}
-    with pytest.raises(UserError, match=r"'nosuchnode7' \(the first node of SLURM_STEP_NODELIST=nosuchnode\[7-8\]\) "
-                                        r"does not resolve") as info:
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "42",
+           "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "nosuchnode[7-8]"}
+    words = (r"'nosuchnode7' \(the first node of SLURM_STEP_NODELIST=nosuchnode\[7-8\]\) "
+             r"does not resolve")
+    with pytest.raises(UserError, match=words) as info:
         launch_environment(env).export_rendezvous(env)
     assert "\n" not in str(info.value)
 

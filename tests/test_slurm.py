@@ -617,7 +617,8 @@ def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
     out = tmp_path / f"probe{len(list(tmp_path.glob('probe*')))}"
     env = job_env(tmp_path / "runs", tmp_path, WELLFNO_PROBE=str(out), **env_extra)
     # -N1: on the two-node test cluster srun may otherwise spread the tasks over both nodes
-    r = subprocess.run(["srun", "--time=2", "-N1", *srun_opts, "bash", str(SLURM_DIR / "gpu_select.sh"),
+    r = subprocess.run(["srun", "--time=2", "-N1", *srun_opts,
+                        "bash", str(SLURM_DIR / "gpu_select.sh"),
                         sys.executable, str(SLURM_DIR / "ci" / "probe_task.py")],
                        env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -14,6 +14,7 @@ nodes, never speed. Each multi-node run is checked against one node or one rank:
   a job that needs more nodes than its partition has, an unresolvable node list.
 Without a cluster of two nodes these tests skip on a laptop and FAIL in CI (CI=true).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,26 +31,58 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_slurm import (REPO, SLURM_DIR, Job, _cmd, _probes, _submit_all, error_lines, job_env,  # noqa: F401
-                              job_state, run_job, sbatch, slurm_cluster, slurm_data, wait)
+from tests.test_slurm import (
+    REPO,
+    SLURM_DIR,
+    Job,
+    _cmd,
+    _probes,
+    _submit_all,
+    error_lines,
+    job_env,  # noqa: F401
+    job_state,
+    run_job,
+    sbatch,
+    slurm_cluster,
+    slurm_data,
+    wait,
+)
 
 pytestmark = pytest.mark.slurm
 
-DDP_SOLUTION = "solutions/05_ddp"            # the data-parallel solution (one place: the course renames steps)
+DDP_SOLUTION = (
+    "solutions/05_ddp"  # the data-parallel solution (one place: the course renames steps)
+)
 DDP = f"{DDP_SOLUTION}/fno.py"
 SCALING = f"{DDP_SOLUTION}/scaling.py"
 CI_ROOT = Path(os.environ.get("SLURM_CI_ROOT", "/var/tmp/wellfno-slurm"))
-TRAIN = ("--epochs", "1", "--max-steps", "3", "--batch-size", "2", "--seed", "0")   # 3 steps, 4 ranks x 2
+TRAIN = (
+    "--epochs",
+    "1",
+    "--max-steps",
+    "3",
+    "--batch-size",
+    "2",
+    "--seed",
+    "0",
+)  # 3 steps, 4 ranks x 2
 
 
 @pytest.fixture(scope="session")
 def two_nodes(slurm_cluster) -> list[str]:
     """The names of two usable nodes (the first two that sinfo lists), or skip / fail in CI."""
-    nodes = sorted({n for n, state, *_ in slurm_cluster["nodes"]
-                    if state.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")})
+    nodes = sorted(
+        {
+            n
+            for n, state, *_ in slurm_cluster["nodes"]
+            if state.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")
+        }
+    )
     if len(nodes) < 2:
-        msg = (f"the Slurm cluster has {len(nodes)} usable node(s), the two-node jobs need 2; "
-               f"restart it with sudo slurm/ci/start_cluster.sh (two nodes by default)")
+        msg = (
+            f"the Slurm cluster has {len(nodes)} usable node(s), the two-node jobs need 2; "
+            f"restart it with sudo slurm/ci/start_cluster.sh (two nodes by default)"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
@@ -64,8 +97,10 @@ def all_error_lines(text: str) -> list[str]:
 
 def report_lines(text: str) -> dict[int, dict]:
     """The training program's own line per rank: 'host=n2 rank=2 local_rank=0 ...' -> {2: {...}}."""
-    return {int(m.group(2)): {"host": m.group(1), "local_rank": int(m.group(3))} for m in
-            re.finditer(r"host=(\S+) rank=(\d+) local_rank=(\d+) worker=-", text)}
+    return {
+        int(m.group(2)): {"host": m.group(1), "local_rank": int(m.group(3))}
+        for m in re.finditer(r"host=(\S+) rank=(\d+) local_rank=(\d+) worker=-", text)
+    }
 
 
 def parameters(path: Path) -> dict[str, torch.Tensor]:
@@ -76,7 +111,7 @@ def worst_relative_difference(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     worst = 0.0
     for name in a:
-        wide = torch.complex128 if torch.is_complex(a[name]) else torch.float64   # spectral weights
+        wide = torch.complex128 if torch.is_complex(a[name]) else torch.float64  # spectral weights
         x, y = a[name].to(wide), b[name].to(wide)
         worst = max(worst, ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item())
     return worst
@@ -90,21 +125,39 @@ def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(two_nodes, slurm_data, tmp
     first, second = two_nodes
     dataset_dir = slurm_data / "datasets" / "gray_scott_embedded"
     serial = tmp_path / "serial.yaml"
-    r = subprocess.run([sys.executable, "stats.py", str(dataset_dir), "--out", str(serial)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "stats.py", str(dataset_dir), "--out", str(serial)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     run_root = tmp_path / "runs"
-    job = run_job("04_stats_2nodes.sbatch", env=job_env(run_root, slurm_data), run_root=run_root, timeout=300)
+    job = run_job(
+        "04_stats_2nodes.sbatch", env=job_env(run_root, slurm_data), run_root=run_root, timeout=300
+    )
     job.assert_completed()
     for name in ("stats.yaml", "stats_torchrun.yaml"):
-        assert (job.run_dir / name).read_bytes() == serial.read_bytes(), f"{name} differs from the serial one"
+        assert (
+            job.run_dir / name
+        ).read_bytes() == serial.read_bytes(), f"{name} differs from the serial one"
     tasks = sorted(p.name for p in job.run_dir.glob("stats-*.err"))
-    assert tasks == [f"stats-{first}-0.err", f"stats-{first}-1.err", f"stats-{second}-2.err",
-                     f"stats-{second}-3.err"], tasks
+    assert tasks == [
+        f"stats-{first}-0.err",
+        f"stats-{first}-1.err",
+        f"stats-{second}-2.err",
+        f"stats-{second}-3.err",
+    ], tasks
     agents = sorted(p.name for p in job.run_dir.glob("torchrun-*.err"))
-    assert agents == [f"torchrun-{first}-0.err", f"torchrun-{second}-1.err"], "not one torchrun per node"
+    assert agents == [
+        f"torchrun-{first}-0.err",
+        f"torchrun-{second}-1.err",
+    ], "not one torchrun per node"
     log = job.out.read_text() + job.err.read_text()
-    assert re.search(rf"^torchrun: nnodes=2 nproc_per_node=2 rendezvous={first}:\d+$", log, re.M), log
+    assert re.search(
+        rf"^torchrun: nnodes=2 nproc_per_node=2 rendezvous={first}:\d+$", log, re.M
+    ), log
     assert "4 rank(s) (torchrun, gloo)" in log and "4 rank(s) (srun, gloo)" in log, log
 
 
@@ -117,32 +170,69 @@ def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, slurm_data, tmp_path):
     rollout errors."""
     first, second = two_nodes
     ref = tmp_path / "one_rank"
-    r = subprocess.run([sys.executable, DDP, "--data-dir", str(slurm_data), "--out", str(ref), *TRAIN[:-4],
-                        "--batch-size", "8", "--seed", "0", "--bind", "none"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            DDP,
+            "--data-dir",
+            str(slurm_data),
+            "--out",
+            str(ref),
+            *TRAIN[:-4],
+            "--batch-size",
+            "8",
+            "--seed",
+            "0",
+            "--bind",
+            "none",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     env = job_env(tmp_path / "runs", slurm_data)
-    (job,) = _submit_all(env, "--with-2nodes", "--args", f"05_ddp_2nodes={' '.join(TRAIN)}", "05_ddp_2nodes")
+    (job,) = _submit_all(
+        env, "--with-2nodes", "--args", f"05_ddp_2nodes={' '.join(TRAIN)}", "05_ddp_2nodes"
+    )
     wait(job, timeout=400)
     job.assert_completed()
     log = job.out.read_text()
     ranks = report_lines(log)
-    assert ranks == {0: {"host": first, "local_rank": 0}, 1: {"host": first, "local_rank": 1},
-                     2: {"host": second, "local_rank": 0}, 3: {"host": second, "local_rank": 1}}, log
+    assert ranks == {
+        0: {"host": first, "local_rank": 0},
+        1: {"host": first, "local_rank": 1},
+        2: {"host": second, "local_rank": 0},
+        3: {"host": second, "local_rank": 1},
+    }, log
     assert "Training on 4 rank(s) (srun, gloo backend, cpu)" in log
-    assert worst_relative_difference(parameters(job.run_dir / "checkpoint.pt"), parameters(ref / "checkpoint.pt")) <= 1e-5
+    assert (
+        worst_relative_difference(
+            parameters(job.run_dir / "checkpoint.pt"), parameters(ref / "checkpoint.pt")
+        )
+        <= 1e-5
+    )
     metrics = json.loads((job.run_dir / "metrics.json").read_text())
     evaluation = json.loads((job.run_dir / "eval.json").read_text())
-    assert metrics["world_size"] == 4 and metrics["global_batch_size"] == 8 and evaluation["world_size"] == 1
+    assert (
+        metrics["world_size"] == 4
+        and metrics["global_batch_size"] == 8
+        and evaluation["world_size"] == 1
+    )
     assert math.isclose(evaluation["valid_loss"], metrics["valid_loss"], rel_tol=1e-6)
     assert len(metrics["rollout_vrmse"]) == len(evaluation["rollout_vrmse"]) > 0
     for a, b in zip(metrics["rollout_vrmse"], evaluation["rollout_vrmse"]):
-        assert math.isclose(a, b, rel_tol=1e-5), (metrics["rollout_vrmse"], evaluation["rollout_vrmse"])
+        assert math.isclose(a, b, rel_tol=1e-5), (
+            metrics["rollout_vrmse"],
+            evaluation["rollout_vrmse"],
+        )
 
 
 def _driven_gpu(rec: dict, vendor: str) -> str:
-    """The physical GPU a rank drives: the one it sees, or its local rank's of several (issue 18's rule)."""
+    """The physical GPU a rank drives: the one it sees, or its local rank's of several
+    (issue 18's rule)."""
     var = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}[vendor]
     visible = rec["env"].get(var, "").split(",")
     assert visible != [""], f"no {var}: {rec['env']}"
@@ -150,16 +240,23 @@ def _driven_gpu(rec: dict, vendor: str) -> str:
 
 
 def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, slurm_data, tmp_path):
-    """The GPU variant of 05_ddp_2nodes through submit_all.sh --with-2nodes on a 2-GPU 'NVIDIA' and a
-    2-GPU 'AMD' site (stand-in GPUs, probe mode): 2 nodes x 2 tasks; rank 2 is local rank 0 of
+    """The GPU variant of 05_ddp_2nodes through submit_all.sh --with-2nodes on a 2-GPU 'NVIDIA'
+    and a 2-GPU 'AMD' site (stand-in GPUs, probe mode): 2 nodes x 2 tasks; rank 2 is local rank 0 of
     the second node and drives that node's first GPU; on each node the two ranks drive distinct
     GPUs; the evaluation step is one task on one node with one GPU."""
     first, second = two_nodes
     sites = {}
     for vendor in ("nvidia", "amd"):
         root = tmp_path / vendor
-        env = job_env(root / "runs", slurm_data, GPU_VENDOR=vendor, GPUS_PER_NODE="2", CPUS_PER_GPU="1",
-                      LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
+        env = job_env(
+            root / "runs",
+            slurm_data,
+            GPU_VENDOR=vendor,
+            GPUS_PER_NODE="2",
+            CPUS_PER_GPU="1",
+            LOCAL_TMP=str(root / "local"),
+            WELLFNO_PROBE=str(root / "probe"),
+        )
         (job,) = _submit_all(env, "--with-2nodes", "05_ddp_2nodes")
         sites[vendor] = (root, job)
     for vendor, (root, job) in sites.items():
@@ -168,8 +265,16 @@ def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, slurm_data, tmp_p
         steps = _probes(root / "probe")["05_ddp_2nodes"]
         train, evaluate = steps["0"], steps["1"]
         assert len(train) == 4 and len(evaluate) == 1, steps
-        where = [(r["env"]["SLURMD_NODENAME"], r["env"]["SLURM_NODEID"], r["env"]["SLURM_LOCALID"]) for r in train]
-        assert where == [(first, "0", "0"), (first, "0", "1"), (second, "1", "0"), (second, "1", "1")], where
+        where = [
+            (r["env"]["SLURMD_NODENAME"], r["env"]["SLURM_NODEID"], r["env"]["SLURM_LOCALID"])
+            for r in train
+        ]
+        assert where == [
+            (first, "0", "0"),
+            (first, "0", "1"),
+            (second, "1", "0"),
+            (second, "1", "1"),
+        ], where
         gpus = [_driven_gpu(r, vendor) for r in train]
         assert gpus == ["0", "1", "0", "1"], f"{vendor}: ranks drive GPUs {gpus}"
         for rec in train:
@@ -184,18 +289,29 @@ def test_slurm_2nodes_scaling_places_each_point_on_its_nodes(two_nodes, slurm_da
     first, second = two_nodes
     out = tmp_path / "scaling"
     script = tmp_path / "scaling.sbatch"
-    script.write_text("#!/bin/bash\n#SBATCH --job-name=scaling_2nodes\n#SBATCH --nodes=2\n"
-                      "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n"
-                      f"exec {sys.executable} {SCALING} --launcher srun --ranks 2 4 --modes weak --batch-size 2 "
-                      f"--max-steps 5 --active 2 --device cpu --data-dir {slurm_data} --out {out}\n")
-    job = run_job(str(script), env=job_env(tmp_path / "runs", slurm_data), run_root=tmp_path / "runs", timeout=400)
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --job-name=scaling_2nodes\n#SBATCH --nodes=2\n"
+        "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n"
+        f"exec {sys.executable} {SCALING} --launcher srun --ranks 2 4 --modes weak --batch-size 2 "
+        f"--max-steps 5 --active 2 --device cpu --data-dir {slurm_data} --out {out}\n"
+    )
+    job = run_job(
+        str(script),
+        env=job_env(tmp_path / "runs", slurm_data),
+        run_root=tmp_path / "runs",
+        timeout=400,
+    )
     job.assert_completed()
     rows = json.loads((out / "scaling.json").read_text())["data"]["modes"]["weak"]
     assert [(r["ranks"], r["nodes"]) for r in rows] == [(2, 1), (4, 2)], rows
-    for row, expected in zip(rows, ({0: first, 1: first}, {0: first, 1: first, 2: second, 3: second})):
+    for row, expected in zip(
+        rows, ({0: first, 1: first}, {0: first, 1: first, 2: second, 3: second})
+    ):
         ran = report_lines((out / f"weak_{row['ranks']}ranks" / "log.txt").read_text())
         assert {rank: r["host"] for rank, r in ran.items()} == expected, ran
-    assert re.search(r"^\s*mode\s+ranks\s+nodes\s", job.out.read_text(), re.M), job.logs()  # the printed table
+    assert re.search(
+        r"^\s*mode\s+ranks\s+nodes\s", job.out.read_text(), re.M
+    ), job.logs()  # the printed table
 
 
 # --------------------------------------------------------------------------- faults
@@ -225,7 +341,9 @@ def _node_processes(node: str, jobid: str) -> tuple[int, list[int]]:
     return slurmd, mine
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="kills and restarts a slurmd of the test cluster: needs root")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="kills and restarts a slurmd of the test cluster: needs root"
+)
 def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(two_nodes, slurm_data, tmp_path):
     """The second node dies in the middle of epoch 2 (its slurmd and the job's tasks there killed):
     the job ends within 30 s, one line names the rank and its node, the checkpoint of epoch 1 is
@@ -233,7 +351,9 @@ def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(two_nodes, slu
     first, second = two_nodes
     run_root = tmp_path / "runs"
     env = job_env(run_root, slurm_data)
-    job = sbatch("05_ddp_2nodes.sbatch", "--epochs", "30", "--batch-size", "2", env=env, run_root=run_root)
+    job = sbatch(
+        "05_ddp_2nodes.sbatch", "--epochs", "30", "--batch-size", "2", env=env, run_root=run_root
+    )
     checkpoint = job.run_dir / "checkpoint.pt"
     try:
         deadline = time.monotonic() + 240
@@ -253,78 +373,156 @@ def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(two_nodes, slu
         wait(job, timeout=60)
         took = time.monotonic() - lost
     finally:  # the node comes back (start_cluster.sh starts the missing slurmd, resumes the node)
-        r = subprocess.run([str(SLURM_DIR / "ci" / "start_cluster.sh")], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [str(SLURM_DIR / "ci" / "start_cluster.sh")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
     assert job.state in ("NODE_FAIL", "FAILED"), job.logs()
     assert took <= 30, f"the job took {took:.0f} s to end after {second} was lost\n{job.logs()}"
     errors = all_error_lines(job.out.read_text() + job.err.read_text())
     assert len(errors) == 1, job.logs()
-    assert re.fullmatch(rf"error: rank [23] stopped responding .* its node {second} did; stopped all 4 ranks",
-                        errors[0]), errors
+    assert re.fullmatch(
+        rf"error: rank [23] stopped responding .* its node {second} did; stopped all 4 ranks",
+        errors[0],
+    ), errors
     assert f"srun: error: Node failure on {second}" in job.err.read_text(), job.logs()
-    written = {p.name for p in job.run_dir.iterdir()} - {"job.txt", "slurm.out", "slurm.err"}  # common.sh's
+    written = {p.name for p in job.run_dir.iterdir()} - {
+        "job.txt",
+        "slurm.out",
+        "slurm.err",
+    }  # common.sh's
     assert written == {"checkpoint.pt"}, f"half-written or unexpected files: {sorted(written)}"
     state = torch.load(checkpoint, weights_only=True)
     assert state["epoch"] == 1 and state["world_size"] == 4
 
-    resumed = run_job("05_ddp.sbatch", "--out", str(job.run_dir), "--resume", "--epochs", "2", "--batch-size", "2",
-                      env=env, run_root=run_root, timeout=400)
+    resumed = run_job(
+        "05_ddp.sbatch",
+        "--out",
+        str(job.run_dir),
+        "--resume",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        env=env,
+        run_root=run_root,
+        timeout=400,
+    )
     resumed.assert_completed()
     log = resumed.out.read_text()
     assert f"Resuming from {checkpoint} after epoch 1 (trained with 4 rank(s), now 2)" in log, log
     metrics = json.loads((job.run_dir / "metrics.json").read_text())
     assert [h["epoch"] for h in metrics["history"]] == [1, 2] and metrics["world_size"] == 2
-    assert set(report_lines(log)) == {0, 1} and {r["host"] for r in report_lines(log).values()} <= {first, second}
+    assert set(report_lines(log)) == {0, 1} and {r["host"] for r in report_lines(log).values()} <= {
+        first,
+        second,
+    }
 
 
-def test_slurm_2nodes_rank_that_cannot_reach_the_rendezvous_is_one_line(two_nodes, slurm_data, tmp_path):
+def test_slurm_2nodes_rank_that_cannot_reach_the_rendezvous_is_one_line(
+    two_nodes, slurm_data, tmp_path
+):
     """Rank 1 (on the second node) looks for the rendezvous on a closed port of the first node:
     every rank stops with one line of its own within --timeout, instead of hanging."""
     first, _ = two_nodes
     timeout = 8
-    wrapper = ('[ "$SLURM_PROCID" = 1 ] && export MASTER_ADDR=' + first + ' MASTER_PORT=9; exec "$@"')
+    wrapper = '[ "$SLURM_PROCID" = 1 ] && export MASTER_ADDR=' + first + ' MASTER_PORT=9; exec "$@"'
     env = job_env(tmp_path / "runs", slurm_data)
     started = time.monotonic()
-    r = subprocess.run(["srun", "--time=3", "-N", "2", "-n", "2", "--kill-on-bad-exit=0", "bash", "-c", wrapper, "-",
-                        sys.executable, DDP, "--data-dir", str(slurm_data), "--out", str(tmp_path / "out"),
-                        "--epochs", "1", "--bind", "none", "--timeout", str(timeout)],
-                       env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            "srun",
+            "--time=3",
+            "-N",
+            "2",
+            "-n",
+            "2",
+            "--kill-on-bad-exit=0",
+            "bash",
+            "-c",
+            wrapper,
+            "-",
+            sys.executable,
+            DDP,
+            "--data-dir",
+            str(slurm_data),
+            "--out",
+            str(tmp_path / "out"),
+            "--epochs",
+            "1",
+            "--bind",
+            "none",
+            "--timeout",
+            str(timeout),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     took = time.monotonic() - started
     errors = all_error_lines(r.stderr)
     assert r.returncode != 0 and len(errors) == 2, r.stderr[-3000:]
-    assert sorted(e.split()[2] for e in errors) == ["0", "1"], errors         # "error: rank R cannot join ..."
+    assert sorted(e.split()[2] for e in errors) == [
+        "0",
+        "1",
+    ], errors  # "error: rank R cannot join ..."
     assert all("cannot join the other ranks" in e for e in errors), errors
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "out" / "checkpoint.pt").exists()
-    # torch import and start-up on a loaded 2-core machine take a while; the wait itself is --timeout
+    # torch import and start-up on a loaded 2-core machine take a while; the wait is --timeout
     assert took < timeout + 60, f"{took:.0f} s"
 
 
 def test_slurm_2nodes_unresolvable_rendezvous_host_is_one_line(tmp_path):
     """A node list whose first host does not resolve: one line naming the host, exit 2, before any
     waiting (the real program, in the environment srun gives a rank)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_"))}
-    env.update(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="2",
-               SLURM_LOCALID="0", SLURM_NODEID="1", SLURM_STEP_TASKS_PER_NODE="1(x2)",
-               SLURM_STEP_NODELIST="nosuchnode[7-8]", SLURM_JOB_NODELIST="nosuchnode[7-8]")
-    r = subprocess.run([sys.executable, DDP, "--out", str(tmp_path / "out"), "--bind", "none", "--timeout", "600"],
-                       env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_"))
+    }
+    env.update(
+        SLURM_JOB_ID="4242",
+        SLURM_STEP_ID="0",
+        SLURM_PROCID="1",
+        SLURM_STEP_NUM_TASKS="2",
+        SLURM_LOCALID="0",
+        SLURM_NODEID="1",
+        SLURM_STEP_TASKS_PER_NODE="1(x2)",
+        SLURM_STEP_NODELIST="nosuchnode[7-8]",
+        SLURM_JOB_NODELIST="nosuchnode[7-8]",
+    )
+    r = subprocess.run(
+        [sys.executable, DDP, "--out", str(tmp_path / "out"), "--bind", "none", "--timeout", "600"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
-    assert error_lines(r.stderr) == [line for line in r.stderr.splitlines() if line.strip()], r.stderr
+    assert error_lines(r.stderr) == [
+        line for line in r.stderr.splitlines() if line.strip()
+    ], r.stderr
     (line,) = error_lines(r.stderr)
     assert "'nosuchnode7'" in line and "does not resolve" in line, line
 
 
 def test_slurm_2nodes_two_jobs_at_once_do_not_meet_and_steps_take_new_ports(two_nodes, tmp_path):
-    """Two 2-node jobs running at the same time on the same nodes, each with two rendezvous steps one
-    after the other (python -m wellfno.launch: the rendezvous every program uses): every step's
+    """Two 2-node jobs running at the same time on the same nodes, each with two rendezvous steps
+    one after the other (python -m wellfno.launch: the rendezvous every program uses): every step's
     ranks meet only their own job's, each on both nodes, and no step reuses another's port."""
     first, second = two_nodes
     run_root = tmp_path / "runs"
     gate = tmp_path / "gate"
     gate.mkdir()
     script = tmp_path / "meet.sbatch"
-    # Both jobs start their steps only once both run (a gate in the shared folder), so that they overlap.
+    # Both jobs start their steps only once both run (a gate in a shared folder): they overlap.
     script.write_text(f"""#!/bin/bash
 #SBATCH --job-name=meet
 #SBATCH --nodes=2
@@ -342,43 +540,77 @@ srun {sys.executable} -m wellfno.launch --timeout 60
         job.assert_completed()
     seen = []
     for job in jobs:
-        lines = re.findall(r"^rendezvous (\S+):(\d+) \(srun, job (\d+)\): (.*)$", job.out.read_text(), re.M)
+        lines = re.findall(
+            r"^rendezvous (\S+):(\d+) \(srun, job (\d+)\): (.*)$", job.out.read_text(), re.M
+        )
         assert len(lines) == 2, job.logs()
         for host, port, jobid, who in lines:
             assert host == first and jobid == job.id, (job.id, host, jobid)
-            assert who == f"2 ranks met on 2 node(s): {first}: ranks 0(local 0); {second}: ranks 1(local 0)", who
+            assert (
+                who
+                == f"2 ranks met on 2 node(s): {first}: ranks 0(local 0); "
+                f"{second}: ranks 1(local 0)"
+            ), who
             seen.append(int(port))
     assert len(set(seen)) == 4, f"two steps shared a port: {seen}"
 
 
-def test_slurm_2nodes_job_needing_more_nodes_than_the_partition_is_one_line(two_nodes, slurm_data, tmp_path):
-    """submit_all.sh with a job that asks for more nodes than the partition has: one line saying what
-    the job needs, exit 2, nothing submitted (sbatch would leave it pending forever)."""
+def test_slurm_2nodes_job_needing_more_nodes_than_the_partition_is_one_line(
+    two_nodes, slurm_data, tmp_path
+):
+    """submit_all.sh with a job that asks for more nodes than the partition has: one line saying
+    what the job needs, exit 2, nothing submitted (sbatch would leave it pending forever)."""
     root = tmp_path / "copy"
     shutil.copytree(SLURM_DIR, root / "slurm")
     script = root / "slurm" / "05_ddp_2nodes.sbatch"
-    script.write_text(re.sub(r"^#SBATCH --nodes=2$", "#SBATCH --nodes=3", script.read_text(), flags=re.M))
+    script.write_text(
+        re.sub(r"^#SBATCH --nodes=2$", "#SBATCH --nodes=3", script.read_text(), flags=re.M)
+    )
     env = job_env(tmp_path / "runs", slurm_data, WELLFNO_ROOT=str(root))
-    r = subprocess.run([str(root / "slurm" / "submit_all.sh"), "--with-2nodes", "05_ddp_2nodes"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(root / "slurm" / "submit_all.sh"), "--with-2nodes", "05_ddp_2nodes"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and not re.search(r"^\d+\s", r.stdout, re.M), r.stdout + r.stderr
     (line,) = error_lines(r.stderr)
-    assert re.fullmatch(r"error: 05_ddp_2nodes needs 3 nodes, but partition '\w+' has 2: .*", line), line
+    assert re.fullmatch(
+        r"error: 05_ddp_2nodes needs 3 nodes, but partition '\w+' has 2: .*", line
+    ), line
 
 
 def test_slurm_2nodes_submit_all_asks_for_both_nodes(tmp_path):
     """submit_all.sh --dry-run on a GPU site: the two-node script's nodes are kept (--nodes=2), with
     GPUS_PER_NODE tasks on each (--ntasks-per-node beside --ntasks, which alone would only be a
     per-node maximum next to the script's #SBATCH --ntasks-per-node)."""
-    env = job_env(tmp_path / "runs", tmp_path / "data", GPU_VENDOR="amd", GPUS_PER_NODE="8", CPUS_PER_GPU="7")
-    r = subprocess.run([str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--with-2nodes", "05"], env=env,
-                       capture_output=True, text=True, timeout=30)
+    env = job_env(
+        tmp_path / "runs", tmp_path / "data", GPU_VENDOR="amd", GPUS_PER_NODE="8", CPUS_PER_GPU="7"
+    )
+    r = subprocess.run(
+        [str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--with-2nodes", "05"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
-    cmds = {Path(next(x for x in c.split() if x.endswith(".sbatch"))).stem: c.split()
-            for c in r.stdout.splitlines() if c.startswith("sbatch ")}
-    opts = {name: {o.split("=")[0]: o.split("=", 1)[1] for o in c if o.startswith("--") and "=" in o}
-            for name, c in cmds.items()}
-    assert {k: opts["05_ddp_2nodes"][k] for k in ("--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node")} \
-        == {"--nodes": "2", "--ntasks": "16", "--ntasks-per-node": "8", "--gpus-per-node": "8"}
-    assert {k: opts["05_ddp"][k] for k in ("--nodes", "--ntasks", "--ntasks-per-node")} \
-        == {"--nodes": "1", "--ntasks": "8", "--ntasks-per-node": "8"}
+    cmds = {
+        Path(next(x for x in c.split() if x.endswith(".sbatch"))).stem: c.split()
+        for c in r.stdout.splitlines()
+        if c.startswith("sbatch ")
+    }
+    opts = {
+        name: {o.split("=")[0]: o.split("=", 1)[1] for o in c if o.startswith("--") and "=" in o}
+        for name, c in cmds.items()
+    }
+    assert {
+        k: opts["05_ddp_2nodes"][k]
+        for k in ("--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node")
+    } == {"--nodes": "2", "--ntasks": "16", "--ntasks-per-node": "8", "--gpus-per-node": "8"}
+    assert {k: opts["05_ddp"][k] for k in ("--nodes", "--ntasks", "--ntasks-per-node")} == {
+        "--nodes": "1",
+        "--ntasks": "8",
+        "--ntasks-per-node": "8",
+    }

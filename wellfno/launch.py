@@ -52,7 +52,8 @@ class LaunchEnv:
             where = "MASTER_ADDR in the environment"
             if env.get("MASTER_ADDR", "") == "":
                 nodelist = slurm_nodelist(env)
-                env["MASTER_ADDR"], where = master_address_from_slurm(env), f"the first node of {nodelist}"
+                env["MASTER_ADDR"] = master_address_from_slurm(env)
+                where = f"the first node of {nodelist}"
             env.setdefault("MASTER_PORT", str(master_port_from_slurm(env)))
             # An unresolvable host would make every rank retry until the timeout, then fail with
             # torch's "cannot be retrieved (gai error)": say which host, at once.
@@ -144,11 +145,12 @@ def first_host(nodelist: str) -> str:
 
 
 def slurm_nodelist(env: Mapping[str, str]) -> str:
-    """'SLURM_STEP_NODELIST=n[1-2]': the step's nodes (srun), else the job's, as Slurm named them."""
+    """'SLURM_STEP_NODELIST=n[1-2]': the step's nodes (srun), else the job's, as Slurm has them."""
     for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if env.get(name):
             return f"{name}={env[name]}"
-    raise UserError("srun started this task but SLURM_JOB_NODELIST is not set: launch with srun inside a job")
+    raise UserError("srun started this task but SLURM_JOB_NODELIST is not set: "
+                    "launch with srun inside a job")
 
 
 def master_address_from_slurm(env: Mapping[str, str] | None = None) -> str:
@@ -167,14 +169,15 @@ def master_address_from_slurm(env: Mapping[str, str] | None = None) -> str:
 
 
 def check_resolvable(host: str, where: str) -> None:
-    """A UserError naming `host` when this node cannot resolve it (the other ranks could not either)."""
+    """A UserError naming `host` when this node cannot resolve it (nor could the other ranks)."""
     try:
         socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         raise UserError(f"the rendezvous host {host!r} ({where}) does not resolve on this node "
-                        f"({reason}): the ranks cannot meet there; check the node's name resolution "
-                        f"(getent hosts {host}) or set MASTER_ADDR to an address every node reaches") from None
+                        f"({reason}): the ranks cannot meet there; check the node's name "
+                        f"resolution (getent hosts {host}) or set MASTER_ADDR to an address every "
+                        f"node reaches") from None
 
 
 def master_port_from_slurm(env: Mapping[str, str] | None = None) -> int:
@@ -207,7 +210,8 @@ def check_rendezvous(timeout: float = 60.0) -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     job = os.environ.get("SLURM_JOB_ID", "-")
     if not env.is_distributed:
-        print(f"rendezvous: one process on {node}: nothing to meet (start it with srun or torchrun)")
+        print(f"rendezvous: one process on {node}: nothing to meet (start it with srun or "
+              f"torchrun)")
         return 0
     env.export_rendezvous()
     endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
@@ -217,15 +221,16 @@ def check_rendezvous(timeout: float = 60.0) -> int:
         everyone: list = [None] * env.world_size
         dist.all_gather_object(everyone, (env.rank, env.local_rank, node, job, endpoint))
     except Exception as err:  # noqa: BLE001 - a rank that never arrived, a closed port
-        raise UserError(f"rank {env.rank} on {node} cannot meet the other ranks at {endpoint} within "
-                        f"{timeout:.0f} s ({err.__class__.__name__}: "
+        raise UserError(f"rank {env.rank} on {node} cannot meet the other ranks at {endpoint} "
+                        f"within {timeout:.0f} s ({err.__class__.__name__}: "
                         f"{(str(err).splitlines() or [''])[0][:200]})") from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     jobs = {j for _, _, _, j, _ in everyone}
     if jobs != {job}:
-        raise UserError(f"rank {env.rank} met ranks of other jobs {sorted(jobs - {job})} at {endpoint}")
+        raise UserError(f"rank {env.rank} met ranks of other jobs {sorted(jobs - {job})} at "
+                        f"{endpoint}")
     if env.rank == 0:
         by_node: dict[str, list[str]] = {}
         for rank, local_rank, where, _, _ in everyone:
@@ -243,5 +248,6 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Check that the ranks of this launch meet: "
                                                  "rank 0 prints where each rank runs.")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for every rank")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for every rank")
     run_main(lambda: check_rendezvous(parser.parse_args().timeout))

@@ -382,7 +382,7 @@ class Watchdog:
 
 
 def node_name() -> str:
-    """This rank's node: Slurm's name for it (SLURMD_NODENAME) where Slurm started it, else the host name."""
+    """This rank's node: Slurm's name for it (SLURMD_NODENAME) under Slurm, else the host name."""
     import socket
 
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

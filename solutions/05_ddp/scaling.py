@@ -2,8 +2,9 @@
 
     python solutions/05_ddp/scaling.py --ranks 1 2                               # this machine: CPU ranks, gloo
     python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --device cuda --dataset-size large   # one GPU node
-    salloc -N 2 --ntasks-per-node 4 --gpus-per-node 4 ...; python solutions/05_ddp/scaling.py --ranks 1 2 4 8 \\
-        --launcher srun --device cuda             # two nodes: 1-4 ranks on the first node, 8 = 2 nodes x 4
+    salloc -N 2 --ntasks-per-node 4 --gpus-per-node 4 ...      # then, inside the allocation:
+    python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --launcher srun --device cuda
+                                                # 1-4 ranks on the first node, 8 = 2 nodes x 4
 
 Each point is one profiled run of solutions/05_ddp/fno.py (--profile: --max-steps S, the last
 --profile-active steps traced on every rank, the first ones - allocator, FFT plans, loader start -
@@ -103,8 +104,8 @@ def srun_layout(world: int, env=None) -> tuple[int, list[str]]:
     """
     env = os.environ if env is None else env
     if not env.get("SLURM_JOB_ID"):
-        raise UserError("--launcher srun runs inside a Slurm allocation: e.g. salloc -N 2 --ntasks-per-node 4 "
-                        "(GPU sites: --gpus-per-node 4), then this command")
+        raise UserError("--launcher srun runs inside a Slurm allocation: e.g. salloc -N 2 "
+                        "--ntasks-per-node 4 (GPU sites: --gpus-per-node 4), then this command")
     from wellfno.launch import tasks_per_node
 
     spec = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
@@ -112,9 +113,10 @@ def srun_layout(world: int, env=None) -> tuple[int, list[str]]:
     have = int(env.get("SLURM_JOB_NUM_NODES", "1") or 1)
     nodes = -(-world // per_node)
     if nodes > have:
-        raise UserError(f"{world} ranks need {nodes} node(s) of {per_node} tasks, the allocation has {have}: "
-                        f"drop {world} from --ranks or allocate more nodes")
-    return nodes, [f"--nodes={nodes}", f"--ntasks={world}", f"--ntasks-per-node={-(-world // nodes)}"]
+        raise UserError(f"{world} ranks need {nodes} node(s) of {per_node} tasks, the allocation "
+                        f"has {have}: drop {world} from --ranks or allocate more nodes")
+    per_node_here = -(-world // nodes)
+    return nodes, [f"--nodes={nodes}", f"--ntasks={world}", f"--ntasks-per-node={per_node_here}"]
 
 
 def run_command(args, world: int, batch: int, out: Path, data_dir: Path) -> list[str]:
@@ -230,11 +232,12 @@ def main(argv=None):
         write_result(args.results, command, result)
     figure = scaling_figure(result, describe(written["machine"]), out / "scaling.png")
     print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} ({args.device}, {args.launcher}):")
-    print(f"{'mode':>7} {'ranks':>5} {'nodes':>5} {'batch/rank':>10} {'step ms':>8} {'samples/s':>10} "
-          f"{'efficiency':>10} {'comm':>6} {'exposed':>8}")
+    print(f"{'mode':>7} {'ranks':>5} {'nodes':>5} {'batch/rank':>10} {'step ms':>8} "
+          f"{'samples/s':>10} {'efficiency':>10} {'comm':>6} {'exposed':>8}")
     for mode, rows in result["modes"].items():
         for r in rows:
-            print(f"{mode:>7} {r['ranks']:5d} {r.get('nodes', 1):5d} {r['per_rank_batch']:10d} {r['step_ms']:8.1f} "
+            print(f"{mode:>7} {r['ranks']:5d} {r.get('nodes', 1):5d} {r['per_rank_batch']:10d} "
+                  f"{r['step_ms']:8.1f} "
                   f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} {100 * r['comm_share']:5.1f}% "
                   f"{100 * r['exposed_comm_share']:7.1f}%")
     print(f"Wrote {out / 'scaling.json'}{' and ' + args.results if args.results else ''} and {figure}")
