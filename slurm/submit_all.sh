@@ -17,8 +17,8 @@ die() { echo "error: $*" >&2; exit 2; }
 
 # One line per step, in submission order. Adding a step = a slurm/NN_name.sbatch file + a line.
 #   resources: gpu  = 1 task, 1 GPU, CPUS_PER_GPU cores
-#              gpus = GPUS_PER_NODE tasks on one node, all its GPUs (--gpus-per-node), CPUS_PER_GPU
-#                     cores per task; the job's GPU steps give each task one (srun --gpus-per-task=1)
+#              gpus = GPUS_PER_NODE tasks on each of the script's nodes (its `#SBATCH --nodes=N`,
+#                     1 if none), all their GPUs (--gpus-per-node), CPUS_PER_GPU cores per task
 #              cpu  = no GPU (CPU-only work: the statistics)
 #              (on a CPU site, GPU_VENDOR=none, every step keeps the #SBATCH lines of its script)
 #   after:     -     = nothing
@@ -37,8 +37,8 @@ STEPS=(
   "04_stats_torchrun   cpu        data"
   "04_stats_2nodes     cpu        data"
   "05_ddp              gpus       data"
-  "05_ddp_2nodes       gpus       data"
   "06_exact_metrics    gpus       data"
+  "06_exact_metrics_2nodes gpus   data"
   "07_host_syncs       gpu        data"
   "08_mixed_precision  gpu        data"
   "09_compile_mfu      gpu        data"
@@ -91,15 +91,38 @@ for a in "${step_args[@]}"; do
   case "$a" in *=*) ;; *) die "--args '$a': write STEP='ARGS', e.g. --args 00_baseline='--epochs 5'";; esac
 done
 
-resources() {  # resources KIND -> sbatch options on this site
+script_nodes() {  # script_nodes FILE -> the number of nodes its `#SBATCH --nodes=N` asks for (1 if none)
+  local n
+  n="$(sed -n 's/^#SBATCH --nodes=\([0-9][0-9]*\)\([ -].*\)\{0,1\}$/\1/p' "$1" | head -n1)"
+  echo "${n:-1}"
+}
+
+resources() {  # resources KIND NODES -> sbatch options on this site
   [ "$GPU_VENDOR" = none ] && return 0
-  local type="${GPU_TYPE:+$GPU_TYPE:}"
+  local type="${GPU_TYPE:+$GPU_TYPE:}" nodes="$2"
   case "$1" in
     gpu)  echo "--nodes=1 --ntasks=1 --gpus-per-task=${type}1 --cpus-per-task=$CPUS_PER_GPU";;
-    gpus) echo "--nodes=1 --ntasks=$GPUS_PER_NODE --gpus-per-node=${type}$GPUS_PER_NODE --cpus-per-task=$CPUS_PER_GPU";;
+    # Both --ntasks and --ntasks-per-node: given alone, --ntasks beside a script's
+    # `#SBATCH --ntasks-per-node` is only a per-node maximum (`man sbatch`), and --nodes on the
+    # command line would override a two-node script's `#SBATCH --nodes=2`: so all three here.
+    gpus) echo "--nodes=$nodes --ntasks=$(( nodes * GPUS_PER_NODE )) --ntasks-per-node=$GPUS_PER_NODE --gpus-per-node=${type}$GPUS_PER_NODE --cpus-per-task=$CPUS_PER_GPU";;
     cpu)  ;;
     *) die "unknown resources '$1' in STEPS of slurm/submit_all.sh";;
   esac
+}
+
+# need_nodes NAME NODES: a job that asks for more nodes than its partition has would pend
+# forever (Reason=PartitionNodeLimit); stop before submitting it, saying what it needs.
+need_nodes() {
+  local name="$1" nodes="$2" part have
+  [ "$nodes" -gt 1 ] || return 0
+  part="${SBATCH_PARTITION:-}"
+  for a in "${site_args[@]}" "${extra[@]}"; do
+    case "$a" in --partition=*|-p*) part="${a#--partition=}"; part="${part#-p}";; esac
+  done
+  [ -n "$part" ] || part="$(sinfo -h -o '%P' 2>/dev/null | sed -n 's/\*$//p' | head -n1)"
+  have="$(sinfo -h -p "$part" -o '%D' 2>/dev/null | awk '{n += $1} END {print n + 0}' || true)"
+  [ "$have" -ge "$nodes" ] || die "$name needs $nodes nodes, but partition '${part:-?}' has $have: submit it where $nodes nodes can run it (SITE_PARTITION in slurm/site.env), or leave out --with-2nodes"
 }
 
 dataset_ready=0
@@ -139,7 +162,9 @@ for line in "${lines[@]}"; do
   if [ ${#deps[@]} -gt 0 ]; then
     dep_opt=(--dependency="afterok:$(IFS=:; echo "${deps[*]}")" --kill-on-invalid-dep=yes)
   fi
-  read -r -a res <<< "$(resources "$kind")"
+  nodes="$(script_nodes "$s")"
+  [ "$dry" = 1 ] || need_nodes "$name" "$nodes"
+  read -r -a res <<< "$(resources "$kind" "$nodes")"
   args=()
   for a in "${step_args[@]}"; do
     if matches "$name" "${a%%=*}"; then read -r -a more <<< "${a#*=}"; args+=("${more[@]}"); fi

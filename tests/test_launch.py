@@ -61,13 +61,23 @@ def test_bad_launch_environment_is_one_line(env, words):
 
 def test_export_rendezvous_for_srun():
     env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "42",
-           "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "nid[001234,001240-001250]"}
+           "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "localhost"}
     launch = launch_environment(env)
     launch.export_rendezvous(env)
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "1"
     assert env["MASTER_PORT"] == str(master_port_from_slurm(env))
     assert 20000 <= int(env["MASTER_PORT"]) < 40000
     assert env["MASTER_ADDR"]  # scontrol's first host where it exists, else our parser's
+
+
+def test_export_rendezvous_names_a_host_that_does_not_resolve():
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "42",
+           "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "nosuchnode[7-8]"}
+    words = (r"'nosuchnode7' \(the first node of SLURM_STEP_NODELIST=nosuchnode\[7-8\]\) "
+             r"does not resolve")
+    with pytest.raises(UserError, match=words) as info:
+        launch_environment(env).export_rendezvous(env)
+    assert "\n" not in str(info.value)
 
 
 def test_ports_differ_between_steps_and_jobs():

@@ -1,6 +1,7 @@
 """The job scripts of slurm/, run as real jobs on a Slurm cluster.
 
-CI starts a single-node cluster (slurm/ci/start_cluster.sh, from .ci/run); a
+CI starts the two-node test cluster (slurm/ci/start_cluster.sh, from .ci/run; the
+two-node jobs are in tests/test_slurm_2nodes.py); a
 developer starts it with `sudo slurm/ci/install.sh && sudo slurm/ci/start_cluster.sh`.
 Without a cluster these tests skip on a laptop and FAIL in CI (CI=true).
 Select them with `pytest -k slurm`.
@@ -209,7 +210,7 @@ def _count_numbers(x) -> int:
 
 # --------------------------------------------------------------------------- tests
 def test_slurm_job_scripts_are_valid_bash():
-    """Every script, the two-node one included (it cannot run on one node), parses."""
+    """Every script parses (the two-node ones also run, in tests/test_slurm_2nodes.py)."""
     scripts = sorted(SLURM_DIR.glob("*.sbatch")) + sorted(SLURM_DIR.glob("*.sh")) \
         + sorted((SLURM_DIR / "ci").glob("*.sh")) + [SLURM_DIR / "common.sh", SLURM_DIR / "site.env"]
     assert any(p.name == "04_stats_2nodes.sbatch" for p in scripts)
@@ -615,7 +616,9 @@ def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
     """srun the real slurm/gpu_select.sh in front of the probe; one record per task."""
     out = tmp_path / f"probe{len(list(tmp_path.glob('probe*')))}"
     env = job_env(tmp_path / "runs", tmp_path, WELLFNO_PROBE=str(out), **env_extra)
-    r = subprocess.run(["srun", "--time=2", *srun_opts, "bash", str(SLURM_DIR / "gpu_select.sh"),
+    # -N1: on the two-node test cluster srun may otherwise spread the tasks over both nodes
+    r = subprocess.run(["srun", "--time=2", "-N1", *srun_opts,
+                        "bash", str(SLURM_DIR / "gpu_select.sh"),
                         sys.executable, str(SLURM_DIR / "ci" / "probe_task.py")],
                        env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

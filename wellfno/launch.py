@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
@@ -50,8 +51,15 @@ class LaunchEnv:
         """Set what torch.distributed's env:// rendezvous reads (torchrun has set them already)."""
         env = os.environ if env is None else env
         if self.launcher == "srun":
-            env.setdefault("MASTER_ADDR", master_address_from_slurm(env))
+            where = "MASTER_ADDR in the environment"
+            if env.get("MASTER_ADDR", "") == "":
+                nodelist = slurm_nodelist(env)
+                env["MASTER_ADDR"] = master_address_from_slurm(env)
+                where = f"the first node of {nodelist}"
             env.setdefault("MASTER_PORT", str(master_port_from_slurm(env)))
+            # An unresolvable host would make every rank retry until the timeout, then fail with
+            # torch's "cannot be retrieved (gai error)": say which host, at once.
+            check_resolvable(env["MASTER_ADDR"], where)
         else:
             env.setdefault("MASTER_ADDR", "127.0.0.1")
             env.setdefault("MASTER_PORT", "29500")
@@ -121,6 +129,10 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnv:
 
 
 # --------------------------------------------------------------------------- Slurm rendezvous
+# The rank-0 host and port every rank of an srun step meets at (torch's env:// rendezvous: rank 0
+# listens on MASTER_PORT, the others connect to MASTER_ADDR:MASTER_PORT). Under torchrun, torchrun's
+# own rendezvous sets them (slurm/common.sh launch_torchrun: --rdzv-endpoint on the first node).
+
 def first_host(nodelist: str) -> str:
     """First host of a Slurm node list: 'gpu[07-09,12],cpu1' -> 'gpu07'; 'r[1-2]-n[04-05]' -> 'r1-n04'."""
     depth, end = 0, len(nodelist)
@@ -133,12 +145,19 @@ def first_host(nodelist: str) -> str:
     return re.sub(r"\[([^\]\-,]+)[^\]]*\]", r"\1", nodelist[:end])
 
 
+def slurm_nodelist(env: Mapping[str, str]) -> str:
+    """'SLURM_STEP_NODELIST=n[1-2]': the step's nodes (srun), else the job's, as Slurm has them."""
+    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if env.get(name):
+            return f"{name}={env[name]}"
+    raise UserError("srun started this task but SLURM_JOB_NODELIST is not set: "
+                    "launch with srun inside a job")
+
+
 def master_address_from_slurm(env: Mapping[str, str] | None = None) -> str:
     """The step's first node hosts the rendezvous (scontrol's expansion, else our parser)."""
     env = os.environ if env is None else env
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        raise UserError("srun started this task but SLURM_JOB_NODELIST is not set: launch with srun inside a job")
+    nodelist = slurm_nodelist(env).split("=", 1)[1]
     if shutil.which("scontrol"):
         try:
             hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
@@ -150,9 +169,86 @@ def master_address_from_slurm(env: Mapping[str, str] | None = None) -> str:
     return first_host(nodelist)
 
 
+def check_resolvable(host: str, where: str) -> None:
+    """A UserError naming `host` when this node cannot resolve it (nor could the other ranks)."""
+    try:
+        socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UserError(f"the rendezvous host {host!r} ({where}) does not resolve on this node "
+                        f"({reason}): the ranks cannot meet there; check the node's name "
+                        f"resolution (getent hosts {host}) or set MASTER_ADDR to an address every "
+                        f"node reaches") from None
+
+
 def master_port_from_slurm(env: Mapping[str, str] | None = None) -> int:
-    """One port per job step, so two jobs (or two steps of one job) sharing a node do not meet."""
+    """One port per job step, so two jobs (or two steps of one job) sharing a node do not meet.
+
+    Consecutive steps of a job get consecutive ports (a step never reuses the port of the one
+    that just ended, whose socket may linger in TIME_WAIT), and jobs 1 apart are 7 ports apart.
+    """
     env = os.environ if env is None else env
     job = int(env.get("SLURM_JOB_ID", "0") or 0)
     step = int(env.get("SLURM_STEP_ID", "0") or 0) if str(env.get("SLURM_STEP_ID", "0")).isdigit() else 0
     return 20000 + (job * 7 + step) % 20000
+
+
+# --------------------------------------------------------------------------- rendezvous check
+def check_rendezvous(timeout: float = 60.0) -> int:
+    """Join every rank of this launch (gloo), and have rank 0 print where each rank runs.
+
+        srun -N 2 --ntasks-per-node 2 python -m wellfno.launch      # inside an allocation
+        torchrun --nnodes 2 --nproc-per-node 2 ... -m wellfno.launch
+
+    The first thing to run on new nodes: it shows the rendezvous (host:port), the world, and
+    the ranks by node, and fails in one line when the ranks cannot meet within `timeout` s.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    env = launch_environment()
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    job = os.environ.get("SLURM_JOB_ID", "-")
+    if not env.is_distributed:
+        print(f"rendezvous: one process on {node}: nothing to meet (start it with srun or "
+              f"torchrun)")
+        return 0
+    env.export_rendezvous()
+    endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        everyone: list = [None] * env.world_size
+        dist.all_gather_object(everyone, (env.rank, env.local_rank, node, job, endpoint))
+    except Exception as err:  # noqa: BLE001 - a rank that never arrived, a closed port
+        raise UserError(f"rank {env.rank} on {node} cannot meet the other ranks at {endpoint} "
+                        f"within {timeout:.0f} s ({err.__class__.__name__}: "
+                        f"{(str(err).splitlines() or [''])[0][:200]})") from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    jobs = {j for _, _, _, j, _ in everyone}
+    if jobs != {job}:
+        raise UserError(f"rank {env.rank} met ranks of other jobs {sorted(jobs - {job})} at "
+                        f"{endpoint}")
+    if env.rank == 0:
+        by_node: dict[str, list[str]] = {}
+        for rank, local_rank, where, _, _ in everyone:
+            by_node.setdefault(where, []).append(f"{rank}(local {local_rank})")
+        nodes = "; ".join(f"{n}: ranks {', '.join(r)}" for n, r in by_node.items())
+        print(f"rendezvous {endpoint} ({env.launcher}, job {job}): {env.world_size} ranks met on "
+              f"{len(by_node)} node(s): {nodes}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from wellfno.cli import run_main
+
+    parser = argparse.ArgumentParser(description="Check that the ranks of this launch meet: "
+                                                 "rank 0 prints where each rank runs.")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for every rank")
+    run_main(lambda: check_rendezvous(parser.parse_args().timeout))

@@ -144,6 +144,10 @@ class Watchdog:
         if self.active and self._thread is None:
             if self._store is None:
                 self._store = default_store()
+            try:  # which node this rank runs on, for the line that names a dead rank
+                self._store.set(self._key(f"node/{self.rank}"), node_name())
+            except Exception:  # noqa: BLE001 - a store without set: the line names no node
+                pass
             self._thread = threading.Thread(target=self._watch, name=f"watchdog-rank{self.rank}", daemon=True)
             self._thread.start()
         return self
@@ -290,6 +294,30 @@ class Watchdog:
         if self.is_reporter() and not self._reported:
             self._reported = True
             print(self.report_line(), file=self._out or sys.stderr, flush=True)
+            try:
+                self._store.set(self._key("reported"), "1")
+            except Exception:  # noqa: BLE001 - store gone: nobody waits for it
+                pass
+        elif self._failure is not None and not self.is_reporter() and self.active:
+            # Under srun --kill-on-bad-exit the first rank to exit has the others killed at once:
+            # leave only after the reporter printed its line (or grace_s, or the store is gone).
+            deadline = time.monotonic() + self.grace_s
+            while time.monotonic() < deadline:
+                try:
+                    if self._store.check([self._key("reported")]):
+                        return
+                except Exception:  # noqa: BLE001 - store gone: the reporter is too
+                    return
+                time.sleep(min(0.05, self.heartbeat_s))
+
+    def _node_of(self, rank: int) -> str:
+        """' n2' (the node rank `rank` said it runs on), or '' when it did not say."""
+        try:
+            if self._store.check([self._key(f"node/{rank}")]):
+                return " " + self._store.get(self._key(f"node/{rank}")).decode(errors="replace")
+        except Exception:  # noqa: BLE001 - store gone
+            pass
+        return ""
 
     def _linger(self) -> None:
         """Rank 0 at the end: wait until every rank is done; watch the ones still running (the ring may be gone)."""
@@ -310,7 +338,7 @@ class Watchdog:
                         last[r] = (beat, now)
                     elif now - last[r][1] > self.dead_after_s:
                         self._post(r, f"stopped responding (no heartbeat for {now - last[r][1]:.0f} s): "
-                                      f"it died or was killed, or its node did")
+                                      f"it died or was killed, or its node{self._node_of(r)} did")
                         break
             time.sleep(min(0.05, self.heartbeat_s))
 
@@ -330,7 +358,7 @@ class Watchdog:
                     peer_beat, peer_since = beat, now
                 elif now - peer_since > self.dead_after_s and not store.check([self._key(f"done/{peer}")]):
                     self._post(peer, f"stopped responding (no heartbeat for {now - peer_since:.0f} s): "
-                                     f"it died or was killed, or its node did")
+                                     f"it died or was killed, or its node{self._node_of(peer)} did")
                     break
                 if (self.stall_after_s is not None and self._progress_time is not None and not self._waiting
                         and now - self._progress_time > self.stall_after_s):
@@ -351,6 +379,13 @@ class Watchdog:
             return
         self._report()
         self._hard_exit(self.exit_code)
+
+
+def node_name() -> str:
+    """This rank's node: Slurm's name for it (SLURMD_NODENAME) under Slurm, else the host name."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def odd_ranks(rows: Sequence[Sequence[int]]) -> list[int]:

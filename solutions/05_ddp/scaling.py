@@ -1,9 +1,10 @@
 """Scaling of solution 05: samples/s and efficiency for 1..N ranks, weak and strong, time in comms.
 
-    python solutions/05_ddp/scaling.py --ranks 1 2                   # this machine: CPU ranks, gloo
+    python solutions/05_ddp/scaling.py --ranks 1 2                    # this machine: CPU ranks, gloo
     python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --device cuda --dataset-size large  # 1 node
-    salloc -N 2 --ntasks-per-node 4 --gpus-per-task 1 ...              # two nodes: 8 is 2 x 4
+    salloc -N 2 --ntasks-per-node 4 --gpus-per-node 4 ...      # then, inside the allocation:
     python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --launcher srun --device cuda
+                                                # 1-4 ranks on the first node, 8 = 2 nodes x 4
 
 Each point is one profiled run of solutions/05_ddp/fno.py (--profile: --max-steps S, the last
 --profile-active steps traced on every rank, the first ones - allocator, FFT plans, loader start -
@@ -103,6 +104,30 @@ def on_cpu(args) -> bool:
     return args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
 
 
+def srun_layout(world: int, env=None) -> tuple[int, list[str]]:
+    """Nodes and srun options for `world` ranks inside this allocation: its nodes filled in order.
+
+    srun given only --ntasks spreads the ranks over every node of the allocation (2 ranks in a
+    2-node allocation: one per node), so the points would mix intra- and inter-node steps; here
+    N ranks use ceil(N / tasks per node) nodes, as a table of ranks and nodes says.
+    """
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID"):
+        raise UserError("--launcher srun runs inside a Slurm allocation: e.g. salloc -N 2 "
+                        "--ntasks-per-node 4 (GPU sites: --gpus-per-node 4), then this command")
+    from wellfno.launch import tasks_per_node
+
+    spec = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    per_node = min(tasks_per_node(spec)) if spec else int(env.get("SLURM_NTASKS", "1"))
+    have = int(env.get("SLURM_JOB_NUM_NODES", "1") or 1)
+    nodes = -(-world // per_node)
+    if nodes > have:
+        raise UserError(f"{world} ranks need {nodes} node(s) of {per_node} tasks, the allocation "
+                        f"has {have}: drop {world} from --ranks or allocate more nodes")
+    per_node_here = -(-world // nodes)
+    return nodes, [f"--nodes={nodes}", f"--ntasks={world}", f"--ntasks-per-node={per_node_here}"]
+
+
 def run_command(args, world: int, batch: int, out: Path, data_dir: Path) -> list[str]:
     fno = [str(SCRIPT), "--data-dir", str(data_dir), "--dataset", args.dataset, "--out", str(out),
            "--batch-size", str(batch), "--epochs", "1000", "--max-steps", str(args.max_steps),
@@ -110,7 +135,7 @@ def run_command(args, world: int, batch: int, out: Path, data_dir: Path) -> list
            "--profile-warmup", "2", "--profile-active", str(args.active), "--device", args.device,
            *(["--bind", "none"] if on_cpu(args) else []), *args.extra]
     if args.launcher == "srun":
-        return ["srun", f"--ntasks={world}", *shlex.split(args.srun_args), sys.executable, *fno]
+        return ["srun", *srun_layout(world)[1], *shlex.split(args.srun_args), sys.executable, *fno]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *fno]
 
@@ -215,7 +240,8 @@ def main(argv=None):
                 raise UserError(f"{mode} scaling with {world} rank(s): an epoch ended within "
                                 f"--max-steps {args.max_steps}; use a larger dataset "
                                 f"(--dataset-size) or fewer --max-steps")
-            row = dict(ranks=world, per_rank_batch=batch, global_batch=batch * world,
+            nodes = srun_layout(world)[0] if args.launcher == "srun" else 1
+            row = dict(ranks=world, nodes=nodes, per_rank_batch=batch, global_batch=batch * world,
                        seconds=time.perf_counter() - started,
                        **measure(run_dir, world, batch * world))
             rows.append(row)
@@ -231,16 +257,14 @@ def main(argv=None):
     if args.results:
         write_result(args.results, command, result)
     figure = scaling_figure(result, describe(written["machine"]), out / "scaling.png")
-    print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} ({args.device}, "
-          f"{args.launcher}):")
-    print(f"{'mode':>7} {'ranks':>5} {'batch/rank':>10} {'step ms':>8} {'samples/s':>10} "
-          f"{'efficiency':>10} "
-          f"{'comm':>6} {'exposed':>8}")
+    print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} ({args.device}, {args.launcher}):")
+    print(f"{'mode':>7} {'ranks':>5} {'nodes':>5} {'batch/rank':>10} {'step ms':>8} "
+          f"{'samples/s':>10} {'efficiency':>10} {'comm':>6} {'exposed':>8}")
     for mode, rows in result["modes"].items():
         for r in rows:
-            print(f"{mode:>7} {r['ranks']:5d} {r['per_rank_batch']:10d} {r['step_ms']:8.1f} "
-                  f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} "
-                  f"{100 * r['comm_share']:5.1f}% "
+            print(f"{mode:>7} {r['ranks']:5d} {r.get('nodes', 1):5d} {r['per_rank_batch']:10d} "
+                  f"{r['step_ms']:8.1f} "
+                  f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} {100 * r['comm_share']:5.1f}% "
                   f"{100 * r['exposed_comm_share']:7.1f}%")
     print(f"Wrote {out / 'scaling.json'}{' and ' + args.results if args.results else ''} and "
           f"{figure}")
