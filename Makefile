@@ -11,11 +11,12 @@ NUMPY_FOR_OLD_TORCH ?= numpy==1.26.4
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test test-fast venv data clean help results
+.PHONY: demo test test-matrix test-fast venv data clean help results
 
 help:
 	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
 	@echo "make test   run the whole test suite"
+	@echo "make test-matrix  every earlier step's checks on every later solution (long)"
 	@echo "make test-fast  the suite without slow and Slurm tests (1-2 minutes on 2 cores)"
 	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
 	@echo "make results  re-measure every results/*.json the docs quote, then regenerate their tables (about 30 min)"
@@ -56,6 +57,10 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q --durations=25 tests
+
+# Every earlier step's checks on every later solution (make test: on its own and the last one).
+test-matrix: venv
+	WELLFNO_FULL_MATRIX=1 $(PY) -m pytest -q --durations=25 tests
 
 # Everything but the `slow` (process groups, resume after a kill, notebooks) and `slurm` tests.
 test-fast: venv
