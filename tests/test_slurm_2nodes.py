@@ -589,7 +589,7 @@ def test_slurm_2nodes_submit_all_asks_for_both_nodes(tmp_path):
         tmp_path / "runs", tmp_path / "data", GPU_VENDOR="amd", GPUS_PER_NODE="8", CPUS_PER_GPU="7"
     )
     r = subprocess.run(
-        [str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--with-2nodes", "05"],
+        [str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--with-2nodes", "05", "06"],
         env=env,
         capture_output=True,
         text=True,

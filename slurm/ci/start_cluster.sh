@@ -170,6 +170,9 @@ TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# Start queued and dependent jobs within a second or two (defaults: backfill every 30 s, main loop
+# every 60 s): the tests submit chains (submit_all.sh) and wait for each job.
+SchedulerParameters=bf_interval=1,sched_interval=2
 ReturnToService=2
 # Keep finished jobs visible to 'scontrol show job' for an hour (no slurmdbd here).
 MinJobAge=3600
