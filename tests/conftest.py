@@ -58,6 +58,7 @@ STEPS = {
     "03_affinity": "solutions/03_affinity/fno.py",
     "05_ddp": "solutions/05_ddp/fno.py",
     "06_efficiency": "solutions/06_efficiency/fno.py",
+    "10_checkpointing": "solutions/10_checkpointing/fno.py",
 }
 
 

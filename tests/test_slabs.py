@@ -94,4 +94,4 @@ def test_a_quarter_slab_reads_about_a_quarter_of_the_bytes(tiny_dataset_dir, mon
         slab.__getitems__(list(range(len(slab))))
         read[name] = CountingFile.read_bytes - opened
     assert read["whole"] > 0
-    assert read["quarter"] <= 0.3 * read["whole"], read  # 4 of 16 rows, plus HDF5's own metadata reads
+    assert read["quarter"] <= 0.35 * read["whole"], read  # 4 of 16 rows, plus HDF5's own metadata reads
