@@ -315,3 +315,112 @@ def domain_comm_hook(data_size: int):
         buffer = bucket.buffer().div_(data_size)
         return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
     return hook
+
+
+def group_sum(value: torch.Tensor, slab: Slab) -> torch.Tensor:
+    """The sum over the domain group (no gradient): counts, sums of squares."""
+    if slab.size > 1:
+        value = value.clone()
+        dist.all_reduce(value, group=slab.group)
+    return value
+
+
+# --------------------------------------------------------------------------- rollouts on split frames
+def slab_vrmse(pred: torch.Tensor, true: torch.Tensor, slab: Slab, eps: float = 1e-7) -> torch.Tensor:
+    """wellfno.rollout.vrmse of the whole frames, from each rank's slabs (B, T, *slab, F) -> (B, T, F).
+
+    Sums over space in float64, added up over the domain group: the mean first, then the squares
+    about it (two passes, as torch's var), so that the slabs give one process's numbers.
+    """
+    space = tuple(range(2, true.ndim - 1))
+    cells = slab.n * math.prod(true.shape[3:-1])
+    t, p = true.double(), pred.double()
+    sums = group_sum(torch.stack([((p - t) ** 2).sum(space), t.sum(space)]), slab)
+    mean = (sums[1] / cells).reshape(*t.shape[:2], *(1,) * len(space), t.shape[-1])
+    spread = group_sum(((t - mean) ** 2).sum(space), slab)
+    return torch.sqrt((sums[0] / cells) / (spread / cells + eps)).float()
+
+
+@torch.no_grad()
+def evaluate_rollouts(model, dataset, device, grid: ProcessGrid, slab: Slab, max_steps: int | None = None,
+                      max_trajectories: int = 16):
+    """wellfno.rollout.evaluate_rollouts on split frames: a domain group rolls out each trajectory together.
+
+    `dataset` holds this rank's slab of whole trajectories (wellfno.slabs.SlabRollouts). Trajectories
+    go to the data groups in turn (data_index, data_index + data_size, ...); every trajectory counts
+    once. Returns (model_vrmse, persistence_vrmse, example); the example (true, pred of the trajectory
+    that changes most in one step, whole frames) on rank 0 only.
+    """
+    from wellfno.rollout import persistence, rollout
+
+    def roll(i):
+        sample = dataset[i]
+        inputs = sample["input_fields"].unsqueeze(0).to(device)
+        true = sample["output_fields"].unsqueeze(0).to(device)
+        constants = sample.get("constant_fields")
+        constants = None if constants is None else constants.unsqueeze(0).to(device)
+        true = true[:, :true.shape[1] if max_steps is None else min(max_steps, true.shape[1])]
+        return inputs, true, rollout(model, inputs, true.shape[1], constants)
+
+    model.eval()
+    n_trajectories = min(len(dataset), max_trajectories)
+    curves, best = [], None
+    for i in range(grid.data_index, n_trajectories, grid.data_size):
+        inputs, true, pred = roll(i)
+        curves.append((slab_vrmse(pred, true, slab).mean(-1)[0],
+                       slab_vrmse(persistence(inputs, true.shape[1]), true, slab).mean(-1)[0]))
+        change = curves[-1][1][0].item()  # the same on every rank of the group
+        if best is None or change > best[0]:
+            best = (change, i, true, pred)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    steps = torch.tensor([min((len(m) for m, _ in curves), default=2**62)], device=device)
+    mine = torch.tensor([best[0], -best[1]] if best else [-1.0, -n_trajectories], dtype=torch.float64,
+                        device=device)
+    chosen = mine
+    if world > 1:
+        dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+    sums = torch.zeros(2, int(steps.item()), dtype=torch.float64, device=device)
+    for model_err, persist_err in curves:
+        sums[0] += model_err[:sums.shape[1]]
+        sums[1] += persist_err[:sums.shape[1]]
+    if world > 1:
+        dist.all_reduce(sums)  # each domain group's ranks hold the same curves: counted domain_size times
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        chosen = max(everyone, key=lambda b: tuple(b.tolist()))
+    model_curve, persist_curve = (sums / (n_trajectories * grid.domain_size)).float()
+    example = None
+    if grid.data_index == 0:  # the first domain group assembles the example for rank 0
+        index = int(-chosen[1].item())
+        true, pred = best[2:] if best and best[1] == index else roll(index)[1:]
+        true, pred = gather_rows(true[0], slab, row_dim=1), gather_rows(pred[0], slab, row_dim=1)
+        if slab.index == 0:
+            example = (true.cpu(), pred.cpu())
+    return model_curve.tolist(), persist_curve.tolist(), example
+
+
+def gather_rows(tensor: torch.Tensor, slab: Slab, row_dim: int) -> torch.Tensor | None:
+    """The whole frames on the group's first rank (slabs padded to the longest, sent, trimmed); None elsewhere."""
+    if slab.size == 1:
+        return tensor
+    bounds = slab.bounds()
+    longest = max(stop - start for start, stop in bounds)
+    pad = list(tensor.shape)
+    pad[row_dim] = longest - tensor.shape[row_dim]
+    padded = torch.cat([tensor, tensor.new_zeros(pad)], dim=row_dim).contiguous()
+    first = dist.get_global_rank(slab.group, 0)
+    parts = [torch.empty_like(padded) for _ in bounds] if slab.index == 0 else None
+    dist.gather(padded, parts, dst=first, group=slab.group)
+    if slab.index:
+        return None
+    return torch.cat([p.narrow(row_dim, 0, stop - start) for p, (start, stop) in zip(parts, bounds)], dim=row_dim)
+
+
+def summed_counts(counted: dict, slab: Slab) -> dict:
+    """wellfno.flops' counts of one rank's slab -> of the whole sample (summed over the domain group)."""
+    if slab.size == 1:
+        return counted
+    keys = sorted(counted["by_kind"])
+    values = group_sum(torch.tensor([counted["per_sample"], *(counted["by_kind"][k] for k in keys)],
+                                    dtype=torch.float64), slab).tolist()
+    return dict(counted, per_sample=values[0], by_kind=dict(zip(keys, values[1:])))
