@@ -59,6 +59,7 @@ STEPS = {
     "05_ddp": "solutions/05_ddp/fno.py",
     "06_efficiency": "solutions/06_efficiency/fno.py",
     "10_checkpointing": "solutions/10_checkpointing/fno.py",
+    "11_domain_parallel": "solutions/11_domain_parallel/fno.py",
 }
 
 

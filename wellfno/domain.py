@@ -87,9 +87,12 @@ class ProcessGrid:
     data_group: object = None
 
     @classmethod
-    def create(cls, rank: int, world_size: int, domain_size: int) -> "ProcessGrid":
-        """Every rank calls this with the same sizes (new_group is collective over the world)."""
-        check_grid(world_size, domain_size)
+    def create(cls, rank: int, world_size: int, domain_size: int, rows: int | None = None) -> "ProcessGrid":
+        """Every rank calls this with the same sizes (new_group is collective over the world).
+
+        `rows`: the first spatial axis' cells, which each domain rank needs at least one of.
+        """
+        check_grid(world_size, domain_size, rows)
         data_size = world_size // domain_size
         grid = cls(rank // domain_size, data_size, rank % domain_size, domain_size)
         if domain_size == 1 or not dist.is_initialized():
@@ -113,9 +116,12 @@ class ProcessGrid:
         return Slab(start, stop, n, self.domain_index, self.domain_size, self.domain_group)
 
 
-def check_grid(world_size: int, domain_size: int) -> None:
+def check_grid(world_size: int, domain_size: int, rows: int | None = None) -> None:
     if domain_size < 1:
         raise UserError("--domain-size must be at least 1")
+    if rows is not None and domain_size > rows:
+        raise UserError(f"--domain-size {domain_size} is more than the {rows} cells of the first spatial axis: "
+                        f"every rank needs at least one row; use --domain-size {rows} or fewer")
     if world_size % domain_size:
         raise UserError(f"{world_size} rank(s) do not divide into domain groups of {domain_size}: start a "
                         f"multiple of --domain-size ranks (data x domain), or change --domain-size")

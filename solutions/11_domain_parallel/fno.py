@@ -339,8 +339,6 @@ def train(args, env, backend, device):
         check_compiler(device)
     if args.nvtx and device.type != "cuda":
         raise UserError("--nvtx marks ranges for Nsight Systems / rocprofv3 on a GPU; on the CPU use --profile")
-    # data x domain: DDP across the data groups, one sample per domain group (consecutive ranks)
-    layout = domain.ProcessGrid.create(env.rank, env.world_size, args.domain_size)
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
     if args.eval_only and not checkpoint.is_file():
@@ -358,10 +356,14 @@ def train(args, env, backend, device):
                             n_steps_output=1, use_normalization=True, normalization_type=ZScoreNormalization,
                             return_grid=False, boundary_return_type=None)
               for split in ("train", "valid")}
+    # data x domain: DDP across the data groups, one sample per domain group (consecutive ranks)
+    layout = domain.ProcessGrid.create(env.rank, env.world_size, args.domain_size,
+                                       rows=splits["train"].metadata.spatial_resolution[0])
+    groups = "ranks" if args.domain_size == 1 else "domain groups"  # what takes a share of the samples
     for split in ("train", "valid"):
         if len(splits[split]) < layout.data_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} samples, fewer than "
-                            f"the {layout.data_size} data groups: start at most {len(splits[split])} data groups")
+                            f"the {layout.data_size} {groups}: start at most {len(splits[split])} {groups}")
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     grid = tuple(splits["train"].metadata.spatial_resolution)  # the spatial sizes of a frame (no sample read)
@@ -433,6 +435,8 @@ def train(args, env, backend, device):
                                         ) if env.is_distributed else model
     if args.domain_size > 1:  # gradients summed over each domain group, averaged over the data groups
         ddp_model.register_comm_hook(None, domain.domain_comm_hook(layout.data_size))
+        log(f"{layout.data_size} data x {layout.domain_size} domain ranks: each holds {slab.stop - slab.start} "
+            f"or fewer of the {grid[0]} rows of a sample")
     train_model = torch.compile(ddp_model) if args.compile else ddp_model  # compiles at its first call
     global_batch = args.batch_size * layout.data_size
     log(f"{'Evaluating' if args.eval_only else 'Training'} on {env.world_size} rank(s) ({env.launcher}, "
@@ -441,8 +445,7 @@ def train(args, env, backend, device):
         f"{counted['per_sample'] / 1e6:.1f} MFLOP per sample (forward + backward), amp {args.amp}"
         f"{', compiled' if args.compile else ''}")
     if not args.eval_only:
-        log(f"global batch {global_batch} = {layout.data_size} data group(s) x --batch-size {args.batch_size} "
-            f"(domain groups of {layout.domain_size}: slabs of {slab.stop - slab.start} or fewer of {grid[0]} rows); "
+        log(f"global batch {global_batch} = {layout.data_size} {groups[:-1]}(s) x --batch-size {args.batch_size}; "
             f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
     prof = trace = None
@@ -467,7 +470,7 @@ def train(args, env, backend, device):
         left_out = samples_left_out(train_sampler) if len(splits["train"]) % layout.data_size else []
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: {len(splits['train'])} samples "
-                f"do not divide by {layout.data_size} data groups)")
+                f"do not divide by {layout.data_size} {groups})")
         row = train_one_epoch(train_model, loss_fn, train_loader, optimizer, scaler, autocast, device, epoch,
                               max_steps=args.max_steps - step if args.max_steps else None,
                               untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, log_every=args.log_every,
