@@ -39,6 +39,7 @@ STEPS=(
   "05_ddp              gpus       data"
   "05_ddp_2nodes       gpus       data"
   "06_efficiency       gpu        data"
+  "11_domain_parallel  gpus       data"
 )
 
 with_2nodes=0 dry=0 selected=() extra=() step_args=()
