@@ -195,3 +195,26 @@ def test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates(slurm_cluste
     assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-5 * abs(metrics["valid_loss"])
     log = job.logs()
     assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log and "1 data x 2 domain ranks" in log, log
+
+
+# --------------------------------------------------------------------------- benchmark
+@pytest.mark.slow
+def test_domain_benchmark_writes_numbers_that_hang_together(tmp_path):
+    """benchmark.py, weak and strong on 1 and 2 CPU ranks of a tiny model: a results file whose rows
+    say what ran; the exchange has a share only with 2 ranks' all_to_all (1 rank: only the
+    gradients' all_reduce on a world of one)."""
+    out = tmp_path / "bench"
+    result = subprocess.run([PYTHON, str(REPO / "solutions/11_domain_parallel/benchmark.py"), "--ranks", "1", "2",
+                             "--rows", "8", "--cols", "16", "--width", "8", "--layers", "2", "--fno-modes", "4",
+                             "--batch-size", "2", "--steps", "5", "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    written = json.loads((out / "domain_scaling.json").read_text())
+    assert written["command"].startswith("python solutions/11_domain_parallel/benchmark.py --ranks 1 2")
+    weak, strong = written["data"]["modes"]["weak"], written["data"]["modes"]["strong"]
+    assert [(r["ranks"], r["grid"]) for r in weak] == [(1, "8x16"), (2, "16x16")]
+    assert [(r["ranks"], r["grid"]) for r in strong] == [(1, "16x16"), (2, "16x16")]
+    for rows in (weak, strong):
+        assert rows[0]["efficiency"] == 1.0 and rows[1]["efficiency"] > 0
+        assert all(r["traced_steps"] and r["step_ms"] > 0 and r["peak_bytes_per_rank"] > 0 for r in rows)
+        assert 0 <= rows[0]["exchange_share"] < rows[1]["exchange_share"] < 1
