@@ -133,6 +133,28 @@ def test_a_killed_domain_rank_ends_every_rank_within_seconds(script, tiny_data_d
     assert len(lines) == 1 and "rank 1" in lines[0], stderr0[-3000:]
 
 
+@pytest.mark.slow
+def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(script, tmp_path):
+    """MHD_256's layout (7 channels, 3-D) at 1/32 scale (8^3 cells: 3 ranks hold 3 + 3 + 2 rows), one
+    step: 2 ranks with --checkpoint-blocks and 3 ranks give one rank's parameters and VRMSE."""
+    from wellfno.standin import write_standin
+
+    write_standin(tmp_path / "data", "MHD_256", steps=4, trajectories=2, scale=1 / 32)
+    common = ("--data-dir", tmp_path / "data", "--dataset", "MHD_256", "--modes", "4", "--width", "8",
+              "--batch-size", "2", "--epochs", "1", "--max-steps", "1", "--bind", "none", "--seed", "3")
+    runs = {}
+    for world, extra in ((0, ()), (2, ("--checkpoint-blocks",)), (3, ())):
+        out = tmp_path / f"w{world}"
+        size = ("--domain-size", str(world)) if world else ()
+        assert_ok(launch(script, world, *common, "--out", out, *size, *extra))
+        runs[world] = out
+    for world in (2, 3):
+        assert max_relative_difference(parameters(runs[world] / "checkpoint.pt"),
+                                       parameters(runs[0] / "checkpoint.pt")) <= 1e-5, world
+        got, ref = metrics(runs[world]), metrics(runs[0])
+        assert relative(got["rollout_vrmse"], ref["rollout_vrmse"]) <= 1e-5, world
+
+
 # --------------------------------------------------------------------------- bad input
 def one_line_error(results, out, message):
     assert all(rc == 2 for rc, _, _ in results), [(rc, err[-2000:]) for rc, _, err in results]
