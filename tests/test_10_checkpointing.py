@@ -7,6 +7,7 @@ blocks really run twice); the second runs the script on the tiny generated data 
 --checkpoint-blocks. Peak memory with and without is measured by benchmarks/checkpointing.py and
 checked against wellfno.memory's estimate in tests/test_memory.py (not a timed test here).
 """
+
 import copy
 import json
 
@@ -18,13 +19,26 @@ from wellfno.checkpointing import checkpoint_blocks
 from wellfno.model import NextFrameFNO
 
 STEP = "10_checkpointing"  # the cross-step matrix (tests/conftest.py) supplies `script`
-RUN = ["--epochs", "1", "--batch-size", "4", "--bind", "none", "--max-steps", "2", "--log-every", "1"]
+RUN = [
+    "--epochs",
+    "1",
+    "--batch-size",
+    "4",
+    "--bind",
+    "none",
+    "--max-steps",
+    "2",
+    "--log-every",
+    "1",
+]
 
 
 def small_model(grid=(12, 10)):
     torch.manual_seed(0)
     stats = {k: torch.rand(3) + 0.5 for k in ("mean", "std", "mean_delta", "std_delta")}
-    return NextFrameFNO(3, 2, stats, n_spatial_dims=len(grid), resolution=grid, modes=6, width=8, layers=3)
+    return NextFrameFNO(
+        3, 2, stats, n_spatial_dims=len(grid), resolution=grid, modes=6, width=8, layers=3
+    )
 
 
 @pytest.mark.parametrize("grid", [(12, 10), (6, 8, 4)])
@@ -49,8 +63,8 @@ def checkpoint_blocks_copy(model):
 
 
 def test_blocks_run_again_in_the_backward_and_keep_less():
-    """Each block's forward runs twice (forward, then recomputed in the backward), and autograd keeps
-    fewer tensors between the forward and the backward (counted with saved-tensor hooks)."""
+    """Each block's forward runs twice (forward, then recomputed in the backward), and autograd
+    keeps fewer tensors between the forward and the backward (counted with saved-tensor hooks)."""
     plain = small_model()
     checkpointed = checkpoint_blocks_copy(plain)
     x, y = torch.randn(2, plain.in_channels, 12, 10), torch.randn(2, 3, 12, 10)
@@ -60,9 +74,12 @@ def test_blocks_run_again_in_the_backward_and_keep_less():
 
         def count(module, args, name=name):
             calls[name] += 1
+
         hook = model.fno.fno_blocks.convs[0].register_forward_pre_hook(count)
         kept = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: kept.append(t.numel()) or t, lambda t: t
+        ):
             loss = model.loss(model(x), y)
         saved[name] = sum(kept)
         loss.backward()
@@ -85,5 +102,7 @@ def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, tmp_path)
     assert checkpointed["history"][0]["loss_log"] == plain["history"][0]["loss_log"]
     a = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=True)["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "bitwise the same parameters"
+    assert a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) for k in a
+    ), "bitwise the same parameters"
     assert checkpointed["config"]["checkpoint_blocks"] is True

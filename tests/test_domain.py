@@ -5,6 +5,7 @@ loss and gradients; the tests compare them with neuralop's FNO on one process (t
 the same NextFrameFNO, whole grid). Cases: 2-D on 2 ranks (15 rows: slabs 8 + 7), 2-D on 3 ranks
 (16 rows: 6 + 5 + 5; an odd second axis), 3-D on 3 ranks (7 rows: 3 + 2 + 2).
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,8 +30,16 @@ def make_case(grid, modes, seed=0):
     """The serial model, an input and a target (the same on every process: seeded)."""
     torch.manual_seed(seed)
     stats = {k: torch.rand(CHANNELS) + 0.5 for k in ("mean", "std", "mean_delta", "std_delta")}
-    model = NextFrameFNO(CHANNELS, 1, stats, n_spatial_dims=len(grid), resolution=grid, modes=modes, width=6,
-                         layers=2)
+    model = NextFrameFNO(
+        CHANNELS,
+        1,
+        stats,
+        n_spatial_dims=len(grid),
+        resolution=grid,
+        modes=modes,
+        width=6,
+        layers=2,
+    )
     x = torch.randn(BATCH, model.in_channels, *grid)
     y = torch.randn(BATCH, CHANNELS, *grid)
     return model, x, y
@@ -45,11 +54,18 @@ def _worker(rank, port, out_dir, world=WORLD, cases=CASES, device="cpu"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     device = torch.device(device, rank) if device == "cuda" else torch.device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        device_id=device if device.type == "cuda" else None,
+    )
     try:
         for name, size, grid, modes in cases:
-            group = dist.new_group(list(range(size)))  # collective over the world: every rank calls it
+            group = dist.new_group(
+                list(range(size))
+            )  # collective over the world: every rank calls it
             if rank >= size:
                 continue
             start, stop = slab_bounds(grid[0], size)[rank]
@@ -64,14 +80,25 @@ def _worker(rank, port, out_dir, world=WORLD, cases=CASES, device="cpu"):
             for g in grads.values():
                 dist.all_reduce(g, group=group)  # the gradients summed over the domain group
             grads = {n: g.cpu() for n, g in grads.items()}
-            torch.save(dict(pred=pred.detach().cpu(), loss=loss.detach().cpu(), grads=grads, slab=(start, stop),
-                            same_keys=list(split.state_dict()) == keys),
-                       os.path.join(out_dir, f"{name}.{rank}.pt"))
+            torch.save(
+                dict(
+                    pred=pred.detach().cpu(),
+                    loss=loss.detach().cpu(),
+                    grads=grads,
+                    slab=(start, stop),
+                    same_keys=list(split.state_dict()) == keys,
+                ),
+                os.path.join(out_dir, f"{name}.{rank}.pt"),
+            )
         if world != WORLD:
             return
         grid = ProcessGrid.create(rank, WORLD, 3)  # a 1 x 3 grid of groups: this rank's place
-        torch.save(dict(data=(grid.data_index, grid.data_size), domain=(grid.domain_index, grid.domain_size)),
-                   os.path.join(out_dir, f"grid.{rank}.pt"))
+        torch.save(
+            dict(
+                data=(grid.data_index, grid.data_size), domain=(grid.domain_index, grid.domain_size)
+            ),
+            os.path.join(out_dir, f"grid.{rank}.pt"),
+        )
     finally:
         dist.destroy_process_group()
 
@@ -84,9 +111,10 @@ def ranks(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.start_processes(_worker, args=(port, str(out)), nprocs=WORLD, start_method="spawn")
-    return {name: [torch.load(out / f"{name}.{r}.pt", weights_only=True) for r in range(size)]
-            for name, size, _, _ in CASES} | {
-        "grid": [torch.load(out / f"grid.{r}.pt", weights_only=True) for r in range(WORLD)]}
+    return {
+        name: [torch.load(out / f"{name}.{r}.pt", weights_only=True) for r in range(size)]
+        for name, size, _, _ in CASES
+    } | {"grid": [torch.load(out / f"grid.{r}.pt", weights_only=True) for r in range(WORLD)]}
 
 
 def serial(grid, modes):
@@ -108,7 +136,9 @@ def test_forward_equals_serial(ranks, name, size, grid, modes):
     pred, _, _ = serial(grid, modes)
     got = ranks[name]
     assert [r["slab"] for r in got] == slab_bounds(grid[0], size)
-    assert all(r["same_keys"] for r in got), "the split model must have the serial model's state_dict"
+    assert all(
+        r["same_keys"] for r in got
+    ), "the split model must have the serial model's state_dict"
     whole = torch.cat([r["pred"] for r in got], dim=2)
     assert whole.shape == pred.shape
     assert relative(whole, pred) <= 1e-5
@@ -146,7 +176,9 @@ def test_two_gpus_equal_serial(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(port, str(tmp_path), 2, CASES[:1], "cuda"), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _worker, args=(port, str(tmp_path), 2, CASES[:1], "cuda"), nprocs=2, start_method="spawn"
+    )
     name, size, grid, modes = CASES[0]
     got = [torch.load(tmp_path / f"{name}.{r}.pt", weights_only=True) for r in range(size)]
     pred, loss, grads = serial(grid, modes)

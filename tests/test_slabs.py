@@ -1,5 +1,6 @@
-"""wellfno.slabs: a rank's slab of every sample equals WellDataset's sample cut to those rows, and only
-those rows are read (bytes counted through h5py's file-object driver)."""
+"""wellfno.slabs: a rank's slab of every sample equals WellDataset's sample cut to those rows, and
+only those rows are read (bytes counted through h5py's file-object driver)."""
+
 from __future__ import annotations
 
 import io
@@ -40,14 +41,19 @@ def test_slabs_equal_welldataset_cut(tiny_dataset_dir, parts):
     n = well.metadata.spatial_resolution[0]
     for start, stop in slab_bounds(n, parts):
         slab = SlabWellDataset(tiny_dataset_dir, "train", 2, rows=slice(start, stop))
-        assert len(slab) == len(well) and slab.metadata.spatial_resolution == well.metadata.spatial_resolution
+        assert (
+            len(slab) == len(well)
+            and slab.metadata.spatial_resolution == well.metadata.spatial_resolution
+        )
         for index in (0, 5, len(well) - 1):
             assert_equal_samples(cut(well[index], slice(start, stop)), slab[index], (start, index))
 
 
 def test_slabs_of_constant_fields_and_rollouts(tmp_path):
-    """A stand-in with time-constant fields (acoustic_scattering_maze: density); whole trajectories too."""
-    dataset_dir = write_standin(tmp_path, "acoustic_scattering_maze", steps=4, trajectories=2, scale=1 / 32)
+    """A stand-in with time-constant fields (acoustic_scattering_maze); whole trajectories too."""
+    dataset_dir = write_standin(
+        tmp_path, "acoustic_scattering_maze", steps=4, trajectories=2, scale=1 / 32
+    )
     well = well_datasets(dataset_dir, 1)["valid"]
     rollouts = rollout_dataset(dataset_dir, 1, max_rollout_steps=2)
     n = well.metadata.spatial_resolution[0]
@@ -66,6 +72,7 @@ def test_slabs_of_constant_fields_and_rollouts(tmp_path):
 
 class CountingFile(io.FileIO):
     """A file that counts the bytes HDF5 reads from it."""
+
     read_bytes = 0
 
     def readinto(self, buffer):
@@ -94,4 +101,6 @@ def test_a_quarter_slab_reads_about_a_quarter_of_the_bytes(tiny_dataset_dir, mon
         slab.__getitems__(list(range(len(slab))))
         read[name] = CountingFile.read_bytes - opened
     assert read["whole"] > 0
-    assert read["quarter"] <= 0.35 * read["whole"], read  # 4 of 16 rows, plus HDF5's own metadata reads
+    assert (
+        read["quarter"] <= 0.35 * read["whole"]
+    ), read  # 4 of 16 rows, plus HDF5's own metadata reads

@@ -11,6 +11,7 @@ DDP, with inputs that do not require gradients, and with collectives inside the 
 every rank recomputes the same operations in the same order):
 https://docs.pytorch.org/docs/stable/checkpoint.html
 """
+
 from __future__ import annotations
 
 from torch.utils.checkpoint import checkpoint
@@ -19,7 +20,9 @@ from torch.utils.checkpoint import checkpoint
 def checkpoint_blocks(fno):
     """neuralop's FNO, in place: every call of `fno.fno_blocks` (one Fourier block) checkpointed."""
     blocks = fno.fno_blocks
-    block_forward = blocks.forward  # the bound method: FNO.forward calls fno_blocks(x, layer_idx, ...)
+    block_forward = (
+        blocks.forward
+    )  # the bound method: FNO.forward calls fno_blocks(x, layer_idx, ...)
 
     def checkpointed(x, index=0, output_shape=None):
         return checkpoint(block_forward, x, index, output_shape, use_reentrant=False)

@@ -1,4 +1,4 @@
-"""Domain parallelism: one sample's grid split across the P ranks of a domain group, exact against one rank.
+"""Domain parallelism: one sample's grid split across a domain group of P ranks, exact against one.
 
 Each rank of a domain group holds a slab of every frame along the first spatial axis (rows
 start:stop of n0; uneven slabs allowed: the first n0 % P ranks hold one row more). Everything
@@ -34,6 +34,7 @@ all_to_all_single (uneven split sizes; gloo on CPU, NCCL on GPUs),
 https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single;
 DDP communication hooks, https://docs.pytorch.org/docs/stable/ddp_comm_hooks.html
 """
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,7 @@ from wellfno.cli import UserError
 
 
 def slab_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """[start, stop) of each of `parts` slabs of n rows: the first n % parts slabs one row longer."""
+    """[start, stop) of each of `parts` slabs of n rows: the first n % parts one row longer."""
     base, extra = divmod(n, parts)
     bounds, start = [], 0
     for part in range(parts):
@@ -60,7 +61,8 @@ def slab_bounds(n: int, parts: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Slab:
-    """This rank's rows start:stop of a first spatial axis of n rows, in a domain group of `size` ranks."""
+    """This rank's rows start:stop of a first spatial axis of n rows, in a group of `size` ranks."""
+
     start: int
     stop: int
     n: int
@@ -78,7 +80,8 @@ class Slab:
 
 @dataclass
 class ProcessGrid:
-    """The 2-D grid of ranks: data groups (one sample each, DDP across them) x domain groups (one sample)."""
+    """The 2-D grid of ranks: data groups (DDP across them) x domain ranks (sharing one sample)."""
+
     data_index: int
     data_size: int
     domain_index: int
@@ -87,7 +90,9 @@ class ProcessGrid:
     data_group: object = None
 
     @classmethod
-    def create(cls, rank: int, world_size: int, domain_size: int, rows: int | None = None) -> "ProcessGrid":
+    def create(
+        cls, rank: int, world_size: int, domain_size: int, rows: int | None = None
+    ) -> "ProcessGrid":
         """Every rank calls this with the same sizes (new_group is collective over the world).
 
         `rows`: the first spatial axis' cells, which each domain rank needs at least one of.
@@ -110,8 +115,10 @@ class ProcessGrid:
     def slab(self, n: int) -> Slab:
         """This rank's slab of a first spatial axis of n rows."""
         if self.domain_size > n:
-            raise UserError(f"--domain-size {self.domain_size} is more than the {n} cells of the first spatial "
-                            f"axis: every rank needs at least one row; use --domain-size {n} or fewer")
+            raise UserError(
+                f"--domain-size {self.domain_size} is more than the {n} cells of the first spatial "
+                f"axis: every rank needs at least one row; use --domain-size {n} or fewer"
+            )
         start, stop = slab_bounds(n, self.domain_size)[self.domain_index]
         return Slab(start, stop, n, self.domain_index, self.domain_size, self.domain_group)
 
@@ -120,28 +127,40 @@ def check_grid(world_size: int, domain_size: int, rows: int | None = None) -> No
     if domain_size < 1:
         raise UserError("--domain-size must be at least 1")
     if rows is not None and domain_size > rows:
-        raise UserError(f"--domain-size {domain_size} is more than the {rows} cells of the first spatial axis: "
-                        f"every rank needs at least one row; use --domain-size {rows} or fewer")
+        raise UserError(
+            f"--domain-size {domain_size} is more than the {rows} cells of the first spatial axis: "
+            f"every rank needs at least one row; use --domain-size {rows} or fewer"
+        )
     if world_size % domain_size:
-        raise UserError(f"{world_size} rank(s) do not divide into domain groups of {domain_size}: start a "
-                        f"multiple of --domain-size ranks (data x domain), or change --domain-size")
+        raise UserError(
+            f"{world_size} rank(s) do not divide into domain groups of {domain_size}: start a "
+            f"multiple of --domain-size ranks (data x domain), or change --domain-size"
+        )
 
 
 def check_layout(model, domain_size: int) -> None:
-    """Bad layouts, before anything is built: a 1-D grid, too few rows, or too few modes to share."""
+    """Bad layouts, before anything is built: a 1-D grid, too few rows, too few modes to share."""
     resolution = model.resolution
     if domain_size == 1:
         return
     if len(resolution) < 2:
-        raise UserError(f"--domain-size {domain_size}: a 1-D grid cannot be split (the split axis would be the "
-                        f"real FFT's); use --domain-size 1")
+        raise UserError(
+            f"--domain-size {domain_size}: a 1-D grid cannot be split (the split axis would be the "
+            f"real FFT's); use --domain-size 1"
+        )
     if domain_size > resolution[0]:
-        raise UserError(f"--domain-size {domain_size} is more than the {resolution[0]} cells of the first spatial "
-                        f"axis: every rank needs at least one row; use --domain-size {resolution[0]} or fewer")
+        raise UserError(
+            f"--domain-size {domain_size} is more than the {resolution[0]} cells of the first "
+            f"spatial axis: every rank needs at least one row; use --domain-size {resolution[0]} "
+            f"or fewer"
+        )
     kept = local_modes(model.fno.fno_blocks.convs[0])
     if kept < domain_size:
-        raise UserError(f"--modes keeps {kept} Fourier modes along the local axes, fewer than the {domain_size} "
-                        f"domain ranks that share them after the exchange: raise --modes or lower --domain-size")
+        raise UserError(
+            f"--modes keeps {kept} Fourier modes along the local axes, fewer than the "
+            f"{domain_size} domain ranks that share them after the exchange: raise --modes or "
+            f"lower --domain-size"
+        )
 
 
 def local_modes(conv) -> int:
@@ -152,7 +171,7 @@ def local_modes(conv) -> int:
 
 # --------------------------------------------------------------------------- the exchange
 class _AllToAll(torch.autograd.Function):
-    """1-D real tensor, chunks of `send` sizes to each rank; receives chunks of `recv` sizes. Backward: reverse."""
+    """1-D real tensor: chunks of `send` sizes out, of `recv` sizes in. Backward: the reverse."""
 
     @staticmethod
     def forward(ctx, flat, send, recv, group):
@@ -178,34 +197,43 @@ def exchange(chunks: list[torch.Tensor], shapes: list[tuple], group) -> list[tor
     send = [f.numel() for f in flats]
     recv = [2 * math.prod(s) for s in shapes]
     out = _AllToAll.apply(torch.cat(flats), send, recv, group)
-    return [torch.view_as_complex(part.view(*shape, 2)) for part, shape in zip(out.split(recv), shapes)]
+    return [
+        torch.view_as_complex(part.view(*shape, 2)) for part, shape in zip(out.split(recv), shapes)
+    ]
 
 
-# --------------------------------------------------------------------------- the spectral convolution
+# ------------------------------------------------------------------- the spectral convolution
 def kept_indices(n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input, output) FFT indices of neuralop's m kept modes of a complex axis of length n, in weight order.
+    """(input, output) FFT indices of neuralop's m kept modes of a complex axis of n.
 
-    neuralop keeps the m modes around 0 after an fftshift (frequencies -m//2 .. m//2 + m%2 - 1; weight
-    index j is frequency j - m//2) and shifts back with fftshift again, which for odd n lands one
-    index lower: output index (k + 2 * (n//2)) mod n. Matched exactly, so that odd grids agree too.
+    neuralop keeps the m modes around 0 after an fftshift (frequencies -m//2 .. m//2 + m%2 - 1;
+    weight index j is frequency j - m//2) and shifts back with fftshift again, which for odd n lands
+    one index lower: output index (k + 2 * (n//2)) mod n. Matched exactly: odd grids agree too.
     """
     freqs = torch.arange(m) - m // 2
     return freqs % n, (freqs + 2 * (n // 2)) % n
 
 
 class DomainSpectralConv(nn.Module):
-    """neuralop's SpectralConv on a slab of the grid; the same parameters (`weight`, `bias`) and names."""
+    """neuralop's SpectralConv on a slab of the grid; the same parameters (`weight`, `bias`)."""
 
     def __init__(self, conv, slab: Slab):
         super().__init__()
-        if (conv.complex_data or conv.separable or conv.fno_block_precision != "full"
-                or conv.resolution_scaling_factor is not None or conv.order < 2):
-            raise ValueError("DomainSpectralConv: real data, dense weights, full precision, 2-D or 3-D only")
+        if (
+            conv.complex_data
+            or conv.separable
+            or conv.fno_block_precision != "full"
+            or conv.resolution_scaling_factor is not None
+            or conv.order < 2
+        ):
+            raise ValueError(
+                "DomainSpectralConv: real data, dense weights, full precision, 2-D or 3-D only"
+            )
         self.weight, self.bias = conv.weight, conv.bias  # the same parameters: state_dict unchanged
         self.fft_norm, self.out_channels, self.slab = conv.fft_norm, conv.out_channels, slab
 
     def transform(self, x, output_shape=None):
-        return x  # neuralop resamples the skip path only with resolution scaling, which this layer has not
+        return x  # neuralop resamples the skip path only with resolution scaling: none here
 
     def forward(self, x: torch.Tensor, output_shape=None) -> torch.Tensor:
         slab, norm = self.slab, self.fft_norm
@@ -217,16 +245,21 @@ class DomainSpectralConv(nn.Module):
         y = torch.fft.rfftn(x, dim=local_dims, norm=norm)
         for dim, n, m in zip(local_dims[:-1], local_shape[:-1], modes[1:-1]):
             y = y.index_select(dim, kept_indices(n, m)[0].to(x.device))
-        y = y[..., :modes[-1]]
+        y = y[..., : modes[-1]]
         batch, channels, rows = y.shape[:3]
         y = y.reshape(batch, channels, rows, -1)  # (B, C, slab rows, K kept local modes)
         shares = slab_bounds(y.shape[-1], slab.size)  # each rank's share of the K modes
         mine = slice(*shares[slab.index])
         # 2. exchange: every rank gets all rows for its share of the modes
         if slab.size > 1:
-            parts = exchange([y[..., a:b] for a, b in shares],
-                             [(batch, channels, stop - start, mine.stop - mine.start)
-                              for start, stop in slab.bounds()], slab.group)
+            parts = exchange(
+                [y[..., a:b] for a, b in shares],
+                [
+                    (batch, channels, stop - start, mine.stop - mine.start)
+                    for start, stop in slab.bounds()
+                ],
+                slab.group,
+            )
             y = torch.cat(parts, dim=2)  # (B, C, n0, K_mine)
         # 3. the first axis: fft, keep its modes, multiply by the weights of these modes
         n0, m0 = slab.n, modes[0]
@@ -238,8 +271,11 @@ class DomainSpectralConv(nn.Module):
         y = torch.fft.ifft(y, dim=2, norm=norm)
         # 4. back: all_to_all to the slabs, then the inverse transforms along the local axes
         if slab.size > 1:
-            parts = exchange([y[:, :, start:stop] for start, stop in slab.bounds()],
-                             [(batch, self.out_channels, rows, b - a) for a, b in shares], slab.group)
+            parts = exchange(
+                [y[:, :, start:stop] for start, stop in slab.bounds()],
+                [(batch, self.out_channels, rows, b - a) for a, b in shares],
+                slab.group,
+            )
             y = torch.cat(parts, dim=3)  # (B, O, slab rows, K)
         y = y.reshape(batch, self.out_channels, rows, *modes[1:])
         for dim, n, m in zip(local_dims[:-1], local_shape[:-1], modes[1:-1]):
@@ -266,11 +302,13 @@ class SlabGridEmbedding(GridEmbeddingND):
 
 
 def split_model(model, slab: Slab):
-    """A NextFrameFNO, in place, for frames holding `slab`'s rows: the same parameters and state_dict."""
+    """A NextFrameFNO, in place, for frames of `slab`'s rows: the same parameters and state_dict."""
     if slab.size == 1:
         return model
     fno = model.fno
-    fno.fno_blocks.convs = nn.ModuleList(DomainSpectralConv(conv, slab) for conv in fno.fno_blocks.convs)
+    fno.fno_blocks.convs = nn.ModuleList(
+        DomainSpectralConv(conv, slab) for conv in fno.fno_blocks.convs
+    )
     if fno.positional_embedding is not None:
         fno.positional_embedding = SlabGridEmbedding(fno.positional_embedding, slab)
     return model
@@ -278,7 +316,7 @@ def split_model(model, slab: Slab):
 
 # --------------------------------------------------------------------------- loss and gradients
 class _SumOverGroup(torch.autograd.Function):
-    """Forward: the sum over the group of each rank's value. Backward: each rank's own share's gradient."""
+    """Forward: the sum over the group of each rank's value. Backward: the rank's own share's."""
 
     @staticmethod
     def forward(ctx, value, group):
@@ -288,7 +326,10 @@ class _SumOverGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None  # d(sum)/d(my share) = 1: the gradients of each rank's share, to be summed
+        return (
+            grad,
+            None,
+        )  # d(sum)/d(my share) = 1: the gradients of each rank's share, to be summed
 
 
 def sum_over_domain(value: torch.Tensor, slab: Slab) -> torch.Tensor:
@@ -296,7 +337,7 @@ def sum_over_domain(value: torch.Tensor, slab: Slab) -> torch.Tensor:
 
 
 def sample_loss(loss_fn, slab: Slab):
-    """loss_fn (a mean over the cells) -> the mean over the whole sample, on every rank of the domain group.
+    """loss_fn (a mean over cells) -> the mean over the whole sample, on every rank of the group.
 
     Each rank's value is its slab's share (mean over the slab x rows / n); the shares are summed
     over the domain group. Its gradient on each rank is that of the rank's share only: summed
@@ -308,18 +349,21 @@ def sample_loss(loss_fn, slab: Slab):
     def loss(pred, target):
         share = loss_fn(pred, target) * ((slab.stop - slab.start) / slab.n)
         return sum_over_domain(share, slab)
+
     return loss
 
 
 def domain_comm_hook(data_size: int):
-    """DDP comm hook: gradients summed over all ranks, divided by the data groups (not by the world).
+    """DDP comm hook: gradients summed over all ranks, divided by the data groups (not the world).
 
-    = summed over each domain group (the sample's gradient), averaged over the data groups (DDP's mean
-    over samples). DDP's default divides by the world size, which would divide by the domain size too.
+    = summed over each domain group (the sample's gradient), averaged over the data groups (DDP's
+    mean over samples). DDP's default divides by the world size: by the domain size too.
     """
+
     def hook(state, bucket):
         buffer = bucket.buffer().div_(data_size)
         return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
     return hook
 
 
@@ -331,9 +375,11 @@ def group_sum(value: torch.Tensor, slab: Slab) -> torch.Tensor:
     return value
 
 
-# --------------------------------------------------------------------------- rollouts on split frames
-def slab_vrmse(pred: torch.Tensor, true: torch.Tensor, slab: Slab, eps: float = 1e-7) -> torch.Tensor:
-    """wellfno.rollout.vrmse of the whole frames, from each rank's slabs (B, T, *slab, F) -> (B, T, F).
+# ------------------------------------------------------------------- rollouts on split frames
+def slab_vrmse(
+    pred: torch.Tensor, true: torch.Tensor, slab: Slab, eps: float = 1e-7
+) -> torch.Tensor:
+    """wellfno.rollout.vrmse of whole frames, from each rank's slabs (B, T, *slab, F) -> (B, T, F).
 
     Sums over space in float64, added up over the domain group: the mean first, then the squares
     about it (two passes, as torch's var), so that the slabs give one process's numbers.
@@ -348,14 +394,21 @@ def slab_vrmse(pred: torch.Tensor, true: torch.Tensor, slab: Slab, eps: float = 
 
 
 @torch.no_grad()
-def evaluate_rollouts(model, dataset, device, grid: ProcessGrid, slab: Slab, max_steps: int | None = None,
-                      max_trajectories: int = 16):
-    """wellfno.rollout.evaluate_rollouts on split frames: a domain group rolls out each trajectory together.
+def evaluate_rollouts(
+    model,
+    dataset,
+    device,
+    grid: ProcessGrid,
+    slab: Slab,
+    max_steps: int | None = None,
+    max_trajectories: int = 16,
+):
+    """wellfno.rollout.evaluate_rollouts on split frames: a domain group rolls out each trajectory.
 
-    `dataset` holds this rank's slab of whole trajectories (wellfno.slabs.SlabRollouts). Trajectories
-    go to the data groups in turn (data_index, data_index + data_size, ...); every trajectory counts
-    once. Returns (model_vrmse, persistence_vrmse, example); the example (true, pred of the trajectory
-    that changes most in one step, whole frames) on rank 0 only.
+    `dataset` holds this rank's slab of whole trajectories (wellfno.slabs.SlabRollouts).
+    Trajectories go to the data groups in turn (data_index, data_index + data_size, ...); every
+    trajectory counts once. Returns (model_vrmse, persistence_vrmse, example); the example (true,
+    pred of the trajectory that changes most in one step, whole frames) on rank 0 only.
     """
     from wellfno.rollout import persistence, rollout
 
@@ -365,7 +418,7 @@ def evaluate_rollouts(model, dataset, device, grid: ProcessGrid, slab: Slab, max
         true = sample["output_fields"].unsqueeze(0).to(device)
         constants = sample.get("constant_fields")
         constants = None if constants is None else constants.unsqueeze(0).to(device)
-        true = true[:, :true.shape[1] if max_steps is None else min(max_steps, true.shape[1])]
+        true = true[:, : true.shape[1] if max_steps is None else min(max_steps, true.shape[1])]
         return inputs, true, rollout(model, inputs, true.shape[1], constants)
 
     model.eval()
@@ -373,24 +426,31 @@ def evaluate_rollouts(model, dataset, device, grid: ProcessGrid, slab: Slab, max
     curves, best = [], None
     for i in range(grid.data_index, n_trajectories, grid.data_size):
         inputs, true, pred = roll(i)
-        curves.append((slab_vrmse(pred, true, slab).mean(-1)[0],
-                       slab_vrmse(persistence(inputs, true.shape[1]), true, slab).mean(-1)[0]))
+        curves.append(
+            (
+                slab_vrmse(pred, true, slab).mean(-1)[0],
+                slab_vrmse(persistence(inputs, true.shape[1]), true, slab).mean(-1)[0],
+            )
+        )
         change = curves[-1][1][0].item()  # the same on every rank of the group
         if best is None or change > best[0]:
             best = (change, i, true, pred)
     world = dist.get_world_size() if dist.is_initialized() else 1
     steps = torch.tensor([min((len(m) for m, _ in curves), default=2**62)], device=device)
-    mine = torch.tensor([best[0], -best[1]] if best else [-1.0, -n_trajectories], dtype=torch.float64,
-                        device=device)
+    mine = torch.tensor(
+        [best[0], -best[1]] if best else [-1.0, -n_trajectories], dtype=torch.float64, device=device
+    )
     chosen = mine
     if world > 1:
         dist.all_reduce(steps, op=dist.ReduceOp.MIN)
     sums = torch.zeros(2, int(steps.item()), dtype=torch.float64, device=device)
     for model_err, persist_err in curves:
-        sums[0] += model_err[:sums.shape[1]]
-        sums[1] += persist_err[:sums.shape[1]]
+        sums[0] += model_err[: sums.shape[1]]
+        sums[1] += persist_err[: sums.shape[1]]
     if world > 1:
-        dist.all_reduce(sums)  # each domain group's ranks hold the same curves: counted domain_size times
+        dist.all_reduce(
+            sums
+        )  # each domain group's ranks hold the same curves: counted domain_size times
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine)
         chosen = max(everyone, key=lambda b: tuple(b.tolist()))
@@ -406,7 +466,7 @@ def evaluate_rollouts(model, dataset, device, grid: ProcessGrid, slab: Slab, max
 
 
 def gather_rows(tensor: torch.Tensor, slab: Slab, row_dim: int) -> torch.Tensor | None:
-    """The whole frames on the group's first rank (slabs padded to the longest, sent, trimmed); None elsewhere."""
+    """Whole frames on the group's first rank (slabs padded, gathered, trimmed); None elsewhere."""
     if slab.size == 1:
         return tensor
     bounds = slab.bounds()
@@ -419,14 +479,20 @@ def gather_rows(tensor: torch.Tensor, slab: Slab, row_dim: int) -> torch.Tensor 
     dist.gather(padded, parts, dst=first, group=slab.group)
     if slab.index:
         return None
-    return torch.cat([p.narrow(row_dim, 0, stop - start) for p, (start, stop) in zip(parts, bounds)], dim=row_dim)
+    return torch.cat(
+        [p.narrow(row_dim, 0, stop - start) for p, (start, stop) in zip(parts, bounds)], dim=row_dim
+    )
 
 
 def summed_counts(counted: dict, slab: Slab) -> dict:
-    """wellfno.flops' counts of one rank's slab -> of the whole sample (summed over the domain group)."""
+    """wellfno.flops' counts of one rank's slab -> of the whole sample (summed over the group)."""
     if slab.size == 1:
         return counted
     keys = sorted(counted["by_kind"])
-    values = group_sum(torch.tensor([counted["per_sample"], *(counted["by_kind"][k] for k in keys)],
-                                    dtype=torch.float64), slab).tolist()
+    values = group_sum(
+        torch.tensor(
+            [counted["per_sample"], *(counted["by_kind"][k] for k in keys)], dtype=torch.float64
+        ),
+        slab,
+    ).tolist()
     return dict(counted, per_sample=values[0], by_kind=dict(zip(keys, values[1:])))

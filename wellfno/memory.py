@@ -39,17 +39,22 @@ def step_bytes(n_parameters: int, batch_size: int, resolution, in_channels: int,
                width: int, layers: int, checkpointed: bool = False, domain_size: int = 1) -> int:
     """Estimated peak bytes of one training step (forward, backward, Adam update) on one rank."""
     cells = math.ceil(resolution[0] / domain_size) * math.prod(resolution[1:])  # the largest slab
-    blocks = width * layers + SAVED_PER_LAYER * width if checkpointed else SAVED_PER_LAYER * width * layers
+    blocks = SAVED_PER_LAYER * width * layers
+    if checkpointed:  # block inputs kept, one block rebuilt at a time
+        blocks = width * layers + SAVED_PER_LAYER * width
     per_sample = cells * (blocks + SAVED_LIFT_PROJECT * width + 2 * in_channels + 4 * out_channels)
     return 4 * (4 * n_parameters + batch_size * per_sample)
 
 
-def domain_ranks_needed(model, available: int, batch_size: int = 1, checkpointed: bool = False) -> int | None:
-    """The fewest domain ranks whose slabs let a step of `batch_size` fit in `available` bytes (None: none)."""
+def domain_ranks_needed(model, available: int, batch_size: int = 1,
+                        checkpointed: bool = False) -> int | None:
+    """The fewest domain ranks whose slabs let a step of `batch_size` fit in `available` bytes
+    (None: not even one row per rank)."""
     n_parameters = sum(p.numel() for p in model.parameters())
     for ranks in range(1, model.resolution[0] + 1):
-        if step_bytes(n_parameters, batch_size, model.resolution, model.in_channels, model.channels_per_frame,
-                      model.width, model.layers, checkpointed, ranks) <= available:
+        if step_bytes(n_parameters, batch_size, model.resolution, model.in_channels,
+                      model.channels_per_frame, model.width, model.layers, checkpointed,
+                      ranks) <= available:
             return ranks
     return None
 
@@ -74,14 +79,15 @@ def check_step_fits(model, batch_size: int, device: torch.device, available: int
 
     `model` is a NextFrameFNO built for the dataset (`NextFrameFNO.for_dataset`: it knows the grid);
     `checkpointed`: activation checkpointing per block; `domain_size`: ranks sharing one sample.
-    The advice names --checkpoint-blocks and --domain-size only to a script that passes them (has them).
+    The advice names --checkpoint-blocks and --domain-size only to a script that passes them.
     """
     resolution = model.resolution
     n_parameters = sum(p.numel() for p in model.parameters())
 
     def need_for(batch):
-        return step_bytes(n_parameters, batch, resolution, model.in_channels, model.channels_per_frame,
-                          model.width, model.layers, bool(checkpointed), domain_size or 1)
+        return step_bytes(n_parameters, batch, resolution, model.in_channels,
+                          model.channels_per_frame, model.width, model.layers, bool(checkpointed),
+                          domain_size or 1)
     need = need_for(batch_size)
     what = "memory"
     if available is None:
@@ -103,8 +109,8 @@ def check_step_fits(model, batch_size: int, device: torch.device, available: int
             advice += ", or checkpoint the blocks (--checkpoint-blocks)"
         if domain_size is not None:
             ranks = domain_ranks_needed(model, available, 1, bool(checkpointed))
-            advice += (f"; or split one sample across {ranks} GPUs (--domain-size {ranks})" if ranks else
-                       "; not even one row per rank fits")
+            advice += (f"; or split one sample across {ranks} GPUs (--domain-size {ranks})"
+                       if ranks else "; not even one row per rank fits")
     raise UserError(f"{line}: too much; {advice} (WELLFNO_SKIP_MEMORY_CHECK=1 runs anyway)")
 
 
