@@ -42,6 +42,7 @@ STEPS=(
   "07_host_syncs       gpu        data"
   "08_mixed_precision  gpu        data"
   "09_compile_mfu      gpu        data"
+  "11_domain_parallel  gpus       data"
 )
 
 with_2nodes=0 dry=0 selected=() extra=() step_args=()

@@ -61,6 +61,8 @@ STEPS = {
     "07_host_syncs": "solutions/07_host_syncs/fno.py",
     "08_mixed_precision": "solutions/08_mixed_precision/fno.py",
     "09_compile_mfu": "solutions/09_compile_mfu/fno.py",
+    "10_checkpointing": "solutions/10_checkpointing/fno.py",
+    "11_domain_parallel": "solutions/11_domain_parallel/fno.py",
 }
 
 

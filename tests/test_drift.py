@@ -70,6 +70,21 @@ CHANGES = {
                   "mfu = ",
                   'print(f"{efficiency', 'atomic_write_json(out / "metrics.json"'],
     },
+    "10_checkpointing": {
+        "parse_args": EVERYWHERE,
+        "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits("],
+    },
+    "11_domain_parallel": {
+        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+validate": EVERYWHERE,
+        "train": ["layout = domain.ProcessGrid.create(", "groups = ", "if len(splits[split]) < ",
+                  "slab = ", "if args.domain_size", "train_sampler = DistributedSampler(",
+                  "valid_loader = DataLoader(", "domain.check_layout(", "domain.split_model(",
+                  "loss_fn = ", "log(memory.check_step_fits(", "example = ", "counted = ",
+                  "global_batch = ", 'log(f"global batch', "left_out = ",
+                  'log(f"epoch {epoch}: training samples', "row = train_one_epoch(",
+                  "row.update(", 'row["valid_loss"]', 'row["samples_left_out"]',
+                  "valid_loss = (validate(", "true, pred = example"],
+    },
 }
 # function -> (the module later steps import it from, the step whose solution taught it)
 MOVED = {

@@ -11,6 +11,13 @@ A step of NextFrameFNO with Adam holds
     `width` channels;
   * the batch itself, the prediction and the loss temporaries.
 All float32: bytes = 4 * (4 P + B * cells * (6 * width * layers + 20 * width + 2 C_in + 4 C_out)).
+
+Activation checkpointing (wellfno.checkpointing, --checkpoint-blocks) keeps only each block's
+input (1 tensor of `width` channels per layer) and rebuilds one block's 6 in the backward:
+6 * width * layers becomes width * layers + 6 * width. Domain parallelism (wellfno.domain,
+--domain-size P) gives each rank a slab of ceil(n0 / P) of the n0 rows: the activations fall
+as 1/P, the 4 copies of the parameters do not (every rank holds the whole model). The
+exchange's buffers hold only the kept modes (small next to the activations): not counted.
 tests/test_memory.py checks it against the peak memory a CPU step really takes
 (within a factor of 1.5 either way: the allocator rounds and caches blocks, and
 FFT workspaces come and go), on 2-D and 3-D grids of several sizes.
@@ -29,12 +36,27 @@ SAVED_LIFT_PROJECT = 20  # width-channel tensors of lifting + projection (2x wid
 
 
 def step_bytes(n_parameters: int, batch_size: int, resolution, in_channels: int, out_channels: int,
-               width: int, layers: int) -> int:
-    """Estimated peak bytes of one training step (forward, backward, Adam update)."""
-    cells = math.prod(resolution)
-    per_sample = cells * (SAVED_PER_LAYER * width * layers + SAVED_LIFT_PROJECT * width
-                          + 2 * in_channels + 4 * out_channels)
+               width: int, layers: int, checkpointed: bool = False, domain_size: int = 1) -> int:
+    """Estimated peak bytes of one training step (forward, backward, Adam update) on one rank."""
+    cells = math.ceil(resolution[0] / domain_size) * math.prod(resolution[1:])  # the largest slab
+    blocks = SAVED_PER_LAYER * width * layers
+    if checkpointed:  # block inputs kept, one block rebuilt at a time
+        blocks = width * layers + SAVED_PER_LAYER * width
+    per_sample = cells * (blocks + SAVED_LIFT_PROJECT * width + 2 * in_channels + 4 * out_channels)
     return 4 * (4 * n_parameters + batch_size * per_sample)
+
+
+def domain_ranks_needed(model, available: int, batch_size: int = 1,
+                        checkpointed: bool = False) -> int | None:
+    """The fewest domain ranks whose slabs let a step of `batch_size` fit in `available` bytes
+    (None: not even one row per rank)."""
+    n_parameters = sum(p.numel() for p in model.parameters())
+    for ranks in range(1, model.resolution[0] + 1):
+        if step_bytes(n_parameters, batch_size, model.resolution, model.in_channels,
+                      model.channels_per_frame, model.width, model.layers, checkpointed,
+                      ranks) <= available:
+            return ranks
+    return None
 
 
 def available_bytes(device: torch.device) -> tuple[int, str]:
@@ -51,31 +73,44 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
 
 
-def check_step_fits(model, batch_size: int, device: torch.device, available: int | None = None) -> str:
+def check_step_fits(model, batch_size: int, device: torch.device, available: int | None = None,
+                    checkpointed: bool | None = None, domain_size: int | None = None) -> str:
     """One line with the estimate; UserError (what to change) when it exceeds what the device has.
 
-    `model` is a NextFrameFNO built for the dataset (`NextFrameFNO.for_dataset`: it knows the grid).
+    `model` is a NextFrameFNO built for the dataset (`NextFrameFNO.for_dataset`: it knows the grid);
+    `checkpointed`: activation checkpointing per block; `domain_size`: ranks sharing one sample.
+    The advice names --checkpoint-blocks and --domain-size only to a script that passes them.
     """
     resolution = model.resolution
     n_parameters = sum(p.numel() for p in model.parameters())
-    need = step_bytes(n_parameters, batch_size, resolution, model.in_channels, model.channels_per_frame,
-                      model.width, model.layers)
+
+    def need_for(batch):
+        return step_bytes(n_parameters, batch, resolution, model.in_channels,
+                          model.channels_per_frame, model.width, model.layers, bool(checkpointed),
+                          domain_size or 1)
+    need = need_for(batch_size)
     what = "memory"
     if available is None:
         available, what = available_bytes(device)
     grid = "x".join(map(str, resolution))
+    options = (", blocks checkpointed" if checkpointed else "") + (
+        f", a slab of {domain_size} domain ranks" if (domain_size or 1) > 1 else "")
     line = (f"a training step needs about {_gb(need)} (batch {batch_size}, width {model.width}, "
-            f"{model.layers} layers, {grid} cells); {what}: {_gb(available)}")
+            f"{model.layers} layers, {grid} cells{options}); {what}: {_gb(available)}")
     if need <= available or os.environ.get("WELLFNO_SKIP_MEMORY_CHECK"):
         return line
-    fits = max((b for b in range(1, batch_size)
-                if step_bytes(n_parameters, b, resolution, model.in_channels, model.channels_per_frame,
-                              model.width, model.layers) <= available), default=0)
+    fits = max((b for b in range(1, batch_size) if need_for(b) <= available), default=0)
     if fits:
         advice = f"lower --batch-size to {fits}"
     else:
         advice = ("even --batch-size 1 does not fit: use a device with more memory (a GPU node), "
                   "a lower-resolution dataset, or a smaller --width")
+        if checkpointed is False:
+            advice += ", or checkpoint the blocks (--checkpoint-blocks)"
+        if domain_size is not None:
+            ranks = domain_ranks_needed(model, available, 1, bool(checkpointed))
+            advice += (f"; or split one sample across {ranks} GPUs (--domain-size {ranks})"
+                       if ranks else "; not even one row per rank fits")
     raise UserError(f"{line}: too much; {advice} (WELLFNO_SKIP_MEMORY_CHECK=1 runs anyway)")
 
 

@@ -1,6 +1,6 @@
 """Scaling of solution 05: samples/s and efficiency for 1..N ranks, weak and strong, time in comms.
 
-    python solutions/05_ddp/scaling.py --ranks 1 2                    # this machine: CPU ranks, gloo
+    python solutions/05_ddp/scaling.py --ranks 1 2                   # this machine: CPU ranks, gloo
     python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --device cuda --dataset-size large  # 1 node
     salloc -N 2 --ntasks-per-node 4 --gpus-per-node 4 ...      # then, inside the allocation:
     python solutions/05_ddp/scaling.py --ranks 1 2 4 8 --launcher srun --device cuda
@@ -257,14 +257,16 @@ def main(argv=None):
     if args.results:
         write_result(args.results, command, result)
     figure = scaling_figure(result, describe(written["machine"]), out / "scaling.png")
-    print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} ({args.device}, {args.launcher}):")
+    print(f"\nscaling of solutions/05_ddp/fno.py on {describe(written['machine'])} "
+          f"({args.device}, {args.launcher}):")
     print(f"{'mode':>7} {'ranks':>5} {'nodes':>5} {'batch/rank':>10} {'step ms':>8} "
           f"{'samples/s':>10} {'efficiency':>10} {'comm':>6} {'exposed':>8}")
     for mode, rows in result["modes"].items():
         for r in rows:
             print(f"{mode:>7} {r['ranks']:5d} {r.get('nodes', 1):5d} {r['per_rank_batch']:10d} "
                   f"{r['step_ms']:8.1f} "
-                  f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} {100 * r['comm_share']:5.1f}% "
+                  f"{r['samples_per_second']:10.1f} {r['efficiency']:10.2f} "
+                  f"{100 * r['comm_share']:5.1f}% "
                   f"{100 * r['exposed_comm_share']:7.1f}%")
     print(f"Wrote {out / 'scaling.json'}{' and ' + args.results if args.results else ''} and "
           f"{figure}")

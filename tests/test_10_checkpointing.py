@@ -1,0 +1,108 @@
+"""Exercise 10 check-your-work: activation checkpointing changes memory, not the numbers.
+
+    .venv/bin/python -m pytest -q tests/test_10_checkpointing.py --script YOUR_SCRIPT
+
+The first part checks wellfno.checkpointing on a model (gradients bitwise those without it; the
+blocks really run twice); the second runs the script on the tiny generated data with and without
+--checkpoint-blocks. Peak memory with and without is measured by benchmarks/checkpointing.py and
+checked against wellfno.memory's estimate in tests/test_memory.py (not a timed test here).
+"""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from tests.conftest import run_script
+from wellfno.checkpointing import checkpoint_blocks
+from wellfno.model import NextFrameFNO
+
+STEP = "10_checkpointing"  # the cross-step matrix (tests/conftest.py) supplies `script`
+RUN = [
+    "--epochs",
+    "1",
+    "--batch-size",
+    "4",
+    "--bind",
+    "none",
+    "--max-steps",
+    "2",
+    "--log-every",
+    "1",
+]
+
+
+def small_model(grid=(12, 10)):
+    torch.manual_seed(0)
+    stats = {k: torch.rand(3) + 0.5 for k in ("mean", "std", "mean_delta", "std_delta")}
+    return NextFrameFNO(
+        3, 2, stats, n_spatial_dims=len(grid), resolution=grid, modes=6, width=8, layers=3
+    )
+
+
+@pytest.mark.parametrize("grid", [(12, 10), (6, 8, 4)])
+def test_checkpointed_gradients_equal_plain_ones(grid):
+    plain = small_model(grid)
+    checkpointed = checkpoint_blocks_copy(plain)
+    assert plain.state_dict().keys() == checkpointed.state_dict().keys()
+    x, y = torch.randn(2, plain.in_channels, *grid), torch.randn(2, 3, *grid)
+    grads = []
+    for model in (plain, checkpointed):
+        loss = model.loss(model(x), y)
+        loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        assert torch.equal(grads[1][name], g), name  # the recomputation repeats the same operations
+
+
+def checkpoint_blocks_copy(model):
+    twin = copy.deepcopy(model)
+    checkpoint_blocks(twin.fno)
+    return twin
+
+
+def test_blocks_run_again_in_the_backward_and_keep_less():
+    """Each block's forward runs twice (forward, then recomputed in the backward), and autograd
+    keeps fewer tensors between the forward and the backward (counted with saved-tensor hooks)."""
+    plain = small_model()
+    checkpointed = checkpoint_blocks_copy(plain)
+    x, y = torch.randn(2, plain.in_channels, 12, 10), torch.randn(2, 3, 12, 10)
+    calls, saved = {}, {}
+    for name, model in (("plain", plain), ("checkpointed", checkpointed)):
+        calls[name] = 0
+
+        def count(module, args, name=name):
+            calls[name] += 1
+
+        hook = model.fno.fno_blocks.convs[0].register_forward_pre_hook(count)
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: kept.append(t.numel()) or t, lambda t: t
+        ):
+            loss = model.loss(model(x), y)
+        saved[name] = sum(kept)
+        loss.backward()
+        hook.remove()
+    assert calls == {"plain": 1, "checkpointed": 2}
+    assert saved["checkpointed"] < 0.6 * saved["plain"], saved
+
+
+def train(script, data_dir, out, *extra):
+    result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, tmp_path):
+    _, plain = train(script, tiny_data_dir, tmp_path / "plain")
+    result, checkpointed = train(script, tiny_data_dir, tmp_path / "ckpt", "--checkpoint-blocks")
+    assert "blocks checkpointed" in result.stdout  # the memory estimate knows it
+    assert checkpointed["history"][0]["loss_log"] == plain["history"][0]["loss_log"]
+    a = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) for k in a
+    ), "bitwise the same parameters"
+    assert checkpointed["config"]["checkpoint_blocks"] is True
