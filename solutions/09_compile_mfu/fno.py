@@ -320,8 +320,7 @@ def train(args, env, backend, device):
     autocast = (lambda: torch.autocast(device.type,
                                        dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     # FLOPs of one training step on this input size: forward + backward, counted once (shapes only
-    # matter).
-    # frames + constant fields
+    # matter); the example holds the frames and the constant fields.
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
     if device.type == "cuda":  # the count ran a float32 step: the peak memory is training's alone

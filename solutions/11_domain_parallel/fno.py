@@ -365,8 +365,7 @@ def train(args, env, backend, device):
     autocast = (lambda: torch.autocast(device.type,
                                        dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     # FLOPs of one training step on this input size: forward + backward, counted once (shapes only
-    # matter).
-    # frames + constant fields
+    # matter); the example holds the frames and the constant fields.
     example = torch.zeros(args.batch_size, model.in_channels, slab.stop - slab.start, *grid[1:],
                           device=device)
     counted = domain.summed_counts(flops.training_flops_per_sample(  # the slabs' counts, added
