@@ -12,8 +12,9 @@ wellfno.domain) on one synthetic batch, as solution 11 does, without data loadin
 Each run is profiled (torch.profiler, the first steps left out); the step time is the median over
 the traced steps of the slowest rank's ProfilerStep, the exchange's share the time in collectives
 (all_to_all, the loss's all_reduce) over the step time (profiling.comms, from the traces), the
-peak memory each rank's (GPU: max_memory_allocated; CPU: the rise of the peak RSS over a step, with
-glibc returning freed blocks: MALLOC_MMAP_THRESHOLD_, as tests/test_memory.py measures it).
+peak memory each rank's over two steps before the profiler starts, whose buffers would count
+too (GPU: max_memory_allocated; CPU: the rise of the peak RSS over them, with glibc returning
+freed blocks: MALLOC_MMAP_THRESHOLD_, as tests/test_memory.py measures it).
 --checkpointing instead measures one rank with and without activation checkpointing (step 10).
 On the CPU every rank gets one thread: P ranks use P cores. Writes OUT/domain_scaling.json (a
 results file); --results PATH writes it there too. Traces stay in OUT/<mode>_<P>ranks/.
@@ -128,15 +129,13 @@ def _worker(rank, world, port, grid, args, run_dir):
         def step():
             optimizer.zero_grad(set_to_none=True)
             loss_fn(model(x), y).backward()
-            for (
-                p
-            ) in (
-                model.parameters()
-            ):  # the gradients summed over the domain group, as DDP's hook does
+            # The gradients summed over the domain group, as DDP's hook does in solution 11.
+            for p in model.parameters():
                 dist.all_reduce(p.grad)
             optimizer.step()
 
         step()  # start-up: FFT plans, allocator, Adam's state
+        # Peak memory over two steps without the profiler, whose event buffers would count too.
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -144,6 +143,16 @@ def _worker(rank, world, port, grid, args, run_dir):
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # peak RSS := current RSS
         rss_before = _status("VmRSS")
+        for _ in range(2):
+            step()
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device)
+        else:
+            peak = (
+                _status("VmHWM") - rss_before
+                if rss_before
+                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            )
         activities = [ProfilerActivity.CPU] + (
             [ProfilerActivity.CUDA] if device.type == "cuda" else []
         )
@@ -156,14 +165,6 @@ def _worker(rank, world, port, grid, args, run_dir):
             for _ in range(traced + 2):
                 step()
                 prof.step()
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(device)
-        else:
-            peak = (
-                _status("VmHWM") - rss_before
-                if rss_before
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            )
         (run_dir / f"peak_rank{rank}.txt").write_text(str(peak))
     finally:
         dist.destroy_process_group()
