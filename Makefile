@@ -67,12 +67,12 @@ test-fast: venv
 	$(PY) -m pytest -q -m "not slow and not slurm" tests
 
 # Every number the READMEs and INSTRUCTORS.md quote, measured again on this machine (run it idle:
-# each file records the load average), then the docs' tables regenerated from results/ (wellfno.results).
+# each file records the load average), then the docs' tables regenerated from results/ (coursetools.results).
 # One thread per process, so the numbers do not depend on how many cores torch guesses it has.
 RESULTS_RUNS ?= runs/results
 results: venv data
 	export OMP_NUM_THREADS=1; set -e; \
-	$(PY) -m wellfno.results runtimes; \
+	$(PY) -m coursetools.results runtimes; \
 	$(PY) profiling/throughput.py --data-dir $(DATA_DIR) --out $(RESULTS_RUNS)/throughput --seconds 2 --repeats 2 \
 	    --prefetch-factor 2 --results results/throughput.json; \
 	$(PY) -m wellfno.grayscott --data-dir $(RESULTS_RUNS)/large_data --size large --n-train 2 --n-steps 50; \
@@ -92,7 +92,7 @@ results: venv data
 	    --json results/04_stats_benchmark.json; \
 	$(PY) solutions/09_compile_mfu/benchmark.py --data-dir $(DATA_DIR) --out results/efficiency_cpu --steps 20 \
 	    --common "--bind none"
-	$(PY) -m wellfno.results render
+	$(PY) -m coursetools.results render
 
 clean:
 	rm -rf runs .pytest_cache

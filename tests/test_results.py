@@ -1,24 +1,24 @@
-"""Every table the docs generate equals what its results file says (wellfno.results)."""
+"""Every table the docs generate equals what its results file says (coursetools.results)."""
 import json
 
 import pytest
 
 from tests.conftest import REPO, run_script
-from wellfno import results
+from coursetools import results
 from wellfno.cli import UserError
 
 
 def test_docs_tables_match_their_results_files():
     stale = results.render(REPO, check=True)
     assert not stale, (f"tables out of date with results/: {[str(p.relative_to(REPO)) for p in stale]}; "
-                       f"run `python -m wellfno.results render`")
+                       f"run `python -m coursetools.results render`")
 
 
 def _fake_repo(tmp_path, seconds):
     (tmp_path / "fno.py").write_text("")
-    results.write_result(tmp_path / "results" / "runtimes.json", "python -m wellfno.results runtimes",
+    results.write_result(tmp_path / "results" / "runtimes.json", "python -m coursetools.results runtimes",
                          {"rows": [{"step": "00", "command": "python fno.py", "seconds": seconds}]})
-    (tmp_path / "README.md").write_text("intro\n<!-- table: wellfno.results:runtimes_table -->\nold\n"
+    (tmp_path / "README.md").write_text("intro\n<!-- table: coursetools.results:runtimes_table -->\nold\n"
                                         "<!-- /table -->\noutro\n")
 
 
@@ -28,13 +28,13 @@ def test_render_writes_the_table_and_check_finds_drift(tmp_path):
     results.render(tmp_path)
     text = (tmp_path / "README.md").read_text()
     assert "| 00 | `python fno.py` | 12.3 s |" in text and text.startswith("intro\n") and text.endswith("outro\n")
-    assert "Measured by `python -m wellfno.results runtimes` on " in text
+    assert "Measured by `python -m coursetools.results runtimes` on " in text
     assert results.render(tmp_path, check=True) == []
     # a new measurement makes the committed table stale until it is rendered again
-    results.write_result(tmp_path / "results" / "runtimes.json", "python -m wellfno.results runtimes",
+    results.write_result(tmp_path / "results" / "runtimes.json", "python -m coursetools.results runtimes",
                          {"rows": [{"step": "00", "command": "python fno.py", "seconds": 99.0}]})
     assert results.render(tmp_path, check=True) == [tmp_path / "README.md"]
-    rc = run_script("-m", "wellfno.results", "render", "--check", "--root", tmp_path)
+    rc = run_script("-m", "coursetools.results", "render", "--check", "--root", tmp_path)
     assert rc.returncode == 1 and "stale: README.md" in rc.stdout
 
 
@@ -54,7 +54,7 @@ def test_bad_results_files_are_one_line(tmp_path):
     (tmp_path / "plain.json").write_text('{"a": 1}')
     with pytest.raises(UserError, match="lacks command"):
         results.read_result(tmp_path / "plain.json")
-    rc = run_script("-m", "wellfno.results", "render", "--root", tmp_path)
+    rc = run_script("-m", "coursetools.results", "render", "--root", tmp_path)
     assert rc.returncode == 2 and rc.stderr.startswith("error: ") and "Traceback" not in rc.stderr
 
 
@@ -150,7 +150,7 @@ def test_runtimes_renderers_quote_the_profile_and_the_demo_run(tmp_path):
     # two steps: data_wait 30 + 50 of 100 + 100 ms = 40 %; 40 ms a step = 2.5 ms a sample of 16
     steps = [dict(step=7, total=100.0, data_wait=30.0, forward=70.0, rest=0.0),
              dict(step=8, total=100.0, data_wait=50.0, forward=50.0, rest=0.0)]
-    _write(tmp_path, "runtimes.json", "python -m wellfno.results runtimes", {"rows": [
+    _write(tmp_path, "runtimes.json", "python -m coursetools.results runtimes", {"rows": [
         dict(step="00", command="python fno.py --data-dir D --out OUT/00", seconds=100.0, samples_per_second=80.0,
              rollout_vrmse_step1=0.07, persistence_vrmse_step1=0.2,
              rollout_vrmse=[0.07, 0.1, 0.2, 0.3, 0.33, 0.9, 1.1, 2.0], persistence_vrmse=[0.2, 0.4, 0.5, 0.6, 0.8, 1.0, 1.0, 1.1],
@@ -219,7 +219,7 @@ def test_overhead_times_every_step_of_the_solutions_loop(tiny_data_dir, tmp_path
 
 
 def test_a_failed_step_is_shown_not_hidden(tmp_path):
-    _write(tmp_path, "runtimes.json", "python -m wellfno.results runtimes", {"rows": [
+    _write(tmp_path, "runtimes.json", "python -m coursetools.results runtimes", {"rows": [
         dict(step="00", command="python fno.py", seconds=3.0, failed="ImportError: cannot import name 'x'"),
         dict(step="01", command="python solutions/01_profiling/fno.py --profile", seconds=2.0, failed="boom")]})
     assert "| 00 | `python fno.py` | 3.0 s — **failed**: `ImportError: cannot import name 'x'` |" \
@@ -231,9 +231,9 @@ def test_a_failed_step_is_shown_not_hidden(tmp_path):
 
 def test_render_renders_what_it_can_and_names_what_it_cannot(tmp_path):
     _fake_repo(tmp_path, 5.0)
-    (tmp_path / "INSTRUCTORS.md").write_text("<!-- table: wellfno.results:threads_table -->\nkept\n<!-- /table -->\n")
+    (tmp_path / "INSTRUCTORS.md").write_text("<!-- table: coursetools.results:threads_table -->\nkept\n<!-- /table -->\n")
     with pytest.raises(UserError, match=r"1 table\(s\) could not be rendered .*INSTRUCTORS.md: "
-                                        r"wellfno.results:threads_table: .*threads.json is missing"):
+                                        r"coursetools.results:threads_table: .*threads.json is missing"):
         results.render(tmp_path)
     assert "| 00 | `python fno.py` | 5.0 s |" in (tmp_path / "README.md").read_text()   # rendered anyway
     assert "\nkept\n" in (tmp_path / "INSTRUCTORS.md").read_text()                   # left as it was

@@ -24,7 +24,7 @@ would take every core with one thread each, and the comparison would be of threa
 Writes OUT/scaling.json (a results file: the command, the machine, every number, the runs'
 commands) and OUT/scaling.png; --results PATH writes the same JSON there too (the repository's
 copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/background.md by
-`wellfno.results.ddp_scaling_table`).
+`coursetools.results.ddp_scaling_table`).
 The per-rank traces stay in OUT/<mode>_<N>ranks/ for ui.perfetto.dev.
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ from pathlib import Path
 from profiling import comms, summarize, traces
 from wellfno import data, plots
 from wellfno.cli import UserError, run_main
-from wellfno.machine import describe
-from wellfno.resultfiles import read_result, write_result
+from benchtools.machine import describe
+from benchtools.resultfiles import read_result, write_result
 
 SCRIPT = Path(__file__).resolve().parent / "fno.py"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from profiling import comms, summarize, traces
 from wellfno.cli import UserError, run_main
-from wellfno.resultfiles import write_result
+from benchtools.resultfiles import write_result
 
 
 def parse_args(argv=None):

@@ -1,6 +1,6 @@
 """Results files: what a measuring command ran, on which machine, when, and what it measured.
 
-The bottom of the numbers pipeline: benchmarks write these files (`write_result`); wellfno.results renders
+The bottom of the numbers pipeline: benchmarks write these files (`write_result`); coursetools.results renders
 the docs' tables from them. No renderer lives here, so any module may write or read a results file without
 importing the renderers.
 """
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from wellfno.cli import UserError, atomic_write_json
-from wellfno.machine import describe, machine_info
+from benchtools.machine import describe, machine_info
 
 
 def write_result(path: str | os.PathLike, command: str, data: dict, device=None) -> Path:
@@ -31,7 +31,7 @@ def read_result(path: str | os.PathLike) -> dict:
     except json.JSONDecodeError as err:
         raise UserError(f"{path} is not valid JSON ({err.msg}): run its command again") from None
     if not isinstance(result, dict) or not {"command", "machine", "data"} <= result.keys():
-        raise UserError(f"{path} lacks command/machine/data: it was not written by wellfno.results.write_result")
+        raise UserError(f"{path} lacks command/machine/data: it was not written by coursetools.results.write_result")
     return result
 
 

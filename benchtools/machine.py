@@ -2,18 +2,8 @@
 from __future__ import annotations
 
 import platform
-from pathlib import Path
 
-
-def cpu_model() -> str:
-    """The CPU's model name as `lscpu` shows it ("AMD EPYC 7742 64-Core Processor")."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+from wellfno.flops import cpu_model  # noqa: F401 (the tools print it; flops needs it for the CPU's peak)
 
 
 def machine_info(device=None) -> dict:

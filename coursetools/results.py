@@ -3,13 +3,13 @@
 Every number a README or INSTRUCTORS.md quotes comes from a JSON file under `results/`, written by
 the command that measured it, naming the machine. A table in a Markdown file is generated:
 
-    <!-- table: wellfno.results:runtimes_table -->
+    <!-- table: coursetools.results:runtimes_table -->
     | ... generated, do not edit ... |
     <!-- /table -->
 
-    python -m wellfno.results render            # regenerate every such table in the repository's docs
-    python -m wellfno.results render --check    # exit 1 if a table and its results file disagree (a test runs this)
-    python -m wellfno.results runtimes          # time each step's documented command -> results/runtimes.json
+    python -m coursetools.results render            # regenerate every such table in the repository's docs
+    python -m coursetools.results render --check    # exit 1 if a table and its results file disagree (a test runs this)
+    python -m coursetools.results runtimes          # time each step's documented command -> results/runtimes.json
 
 A renderer is any `module:function` taking the repository root and returning Markdown; tools that write a
 results file keep the renderer for it beside the code that writes it.
@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from wellfno import flops
+from benchtools.resultfiles import caption, md_table, read_result, write_result  # noqa: F401 (re-exported)
+from wellfno import flops, stats
 from wellfno.cli import UserError, atomic_write_text, run_main
-from wellfno.resultfiles import caption, md_table, read_result, write_result  # noqa: F401 (re-exported)
 
 DOCS = ("README.md", "INSTRUCTORS.md", "DESIGN.md", "slurm/README.md", "exercises/*/README.md",
         "exercises/*/background.md")
@@ -157,7 +157,7 @@ def measure_runtimes(root: Path, out_json: Path) -> dict:
                 row.update(_step_extras(step, argv, proc.stdout, Path(scratch, "runs")))
                 print(f"      {seconds:.1f} s", flush=True)
             rows.append(row)
-    write_result(out_json, "python -m wellfno.results runtimes", {"rows": rows})
+    write_result(out_json, "python -m coursetools.results runtimes", {"rows": rows})
     if failed:
         raise UserError(f"wrote {out_json}, but {len(failed)} step(s) failed: " + "; ".join(failed))
     return {"rows": rows}
@@ -438,7 +438,7 @@ def _link(name: str) -> str:
 
 
 def _stats_benchmark(root: Path) -> dict | None:
-    """Exercise 04's benchmark file, in wellfno.results' layout or in benchmark.py's own (top-level keys)."""
+    """Exercise 04's benchmark file, in coursetools.results' layout or in benchmark.py's own (top-level keys)."""
     path = Path(root) / "results" / "04_stats_benchmark.json"
     if not path.exists():
         return None
@@ -545,9 +545,15 @@ def readme_results_table(root: Path) -> str:
     return md_table(["step", "command", "what it measured", "results file"], rows) + f"\n\n_Machine: {notes}._"
 
 
-# --------------------------------------------------------------------------- exercises 05 and 06
+# --------------------------------------------------------------------------- exercises 04, 05 and 06
+def stats_benchmark_table(root: Path) -> str:
+    """Exercise 04's benchmark table (solutions/04_distributed_stats/benchmark.py --json)."""
+    result = read_result(Path(root) / "results" / "04_stats_benchmark.json")
+    return stats.benchmark_markdown(result["data"]) + "\n\n" + caption(result)
+
+
 def ddp_scaling_table(root: Path) -> str:
-    """The README table of results/05_ddp_scaling.json (`python -m wellfno.results render`)."""
+    """The README table of results/05_ddp_scaling.json (`python -m coursetools.results render`)."""
     result = read_result(Path(root) / "results" / "05_ddp_scaling.json")
     rows = [[mode, r["ranks"], r["per_rank_batch"], r["global_batch"], f"{r['step_ms']:.0f}",
              f"{r['samples_per_second']:.1f}", f"{r['efficiency']:.2f}", f"{100 * r['comm_share']:.0f} %",
@@ -575,7 +581,7 @@ EFFICIENCY_RESULT = Path("results") / "efficiency_cpu" / "efficiency.json"
 
 
 def efficiency_table(root: Path) -> str:
-    """README renderer (wellfno.results): exercises 07-09's table from its committed results file."""
+    """README renderer (coursetools.results): exercises 07-09's table from its committed results file."""
     result = read_result(root / EFFICIENCY_RESULT)
     data = result["data"]
     return (flops.efficiency_markdown(data["rows"]) + f"\n\nPeak: {data['peak_device']} ({data['peak_source']}).\n\n"
@@ -620,7 +626,7 @@ def main(argv=None) -> int:
             print(f"{'stale' if args.check else 'updated'}: {path.relative_to(root)}")
         return 1 if args.check and stale else 0
     measure_runtimes(root, root / args.out if not Path(args.out).is_absolute() else Path(args.out))
-    print(f"wrote {args.out}; now run: python -m wellfno.results render")
+    print(f"wrote {args.out}; now run: python -m coursetools.results render")
     return 0
 
 
