@@ -135,29 +135,48 @@ def _step_extras(step: str, argv: list[str], stdout: str, runs: Path) -> dict:
     return extra
 
 
-def measure_runtimes(root: Path, out_json: Path) -> dict:
+def _run_step(root: Path, step: str, template: str, data_dir: str, runs: Path) -> dict:
+    """One documented command, timed: its row (with the figures it showed, or why it failed)."""
+    shown = template.format(py="python", D="D", OUT="OUT")
+    argv = shlex.split(template.format(py=sys.executable, D=data_dir, OUT=runs))
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    row = {"step": step, "command": shown, "seconds": round(seconds, 1)}
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines() if "Error" in line or line.startswith("error:")]
+        row["failed"] = (errors or proc.stderr.strip().splitlines() or ["(no output)"])[-1].strip()[:200]
+    else:
+        row.update(_step_extras(step, argv, proc.stdout, runs))
+    return row
+
+
+def measure_runtimes(root: Path, out_json: Path, repeats: int = 1) -> dict:
+    """Each documented command run `repeats` times in a row (each later command needs the data the
+    first ones generate, so not round-robin), keeping its fastest run; every run in a fresh folder."""
     rows, failed = [], []
-    with tempfile.TemporaryDirectory(prefix="wellfno-runtimes-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="coursetools-runtimes-") as scratch:
         for step, template in RUNTIME_COMMANDS:
-            shown = template.format(py="python", D="D", OUT="OUT")
-            argv = shlex.split(template.format(py=sys.executable, D=f"{scratch}/data", OUT=f"{scratch}/runs"))
-            print(f"[{step}] {shown}", flush=True)
-            start = time.perf_counter()
-            proc = subprocess.run(argv, cwd=root, capture_output=True, text=True)
-            seconds = time.perf_counter() - start
-            row = {"step": step, "command": shown, "seconds": round(seconds, 1)}
-            if proc.returncode != 0:
-                # The table says so, and the other steps are still measured: one broken step must
-                # not cost the whole (long) run.
-                errors = [line for line in proc.stderr.splitlines() if "Error" in line or line.startswith("error:")]
-                row["failed"] = (errors or proc.stderr.strip().splitlines() or ["(no output)"])[-1].strip()[:200]
-                failed.append(f"{step} ({shown}): {row['failed']}")
-                print(f"      FAILED after {seconds:.1f} s: {row['failed']}", flush=True)
-            else:
-                row.update(_step_extras(step, argv, proc.stdout, Path(scratch, "runs")))
-                print(f"      {seconds:.1f} s", flush=True)
-            rows.append(row)
-    write_result(out_json, "python -m coursetools.results runtimes", {"rows": rows})
+            print(f"[{step}] {template.format(py='python', D='D', OUT='OUT')}", flush=True)
+            best = None
+            for i in range(repeats):
+                # the data the later commands use is the first run's; a repeat generates anew
+                data_dir = f"{scratch}/data" + (f"_repeat{i}" if step == "data" and i else "")
+                row = _run_step(root, step, template, data_dir, Path(scratch, f"runs{i}"))
+                print(f"      {row['seconds']:.1f} s" + (f": FAILED: {row['failed']}" if "failed" in row else ""),
+                      flush=True)
+                if "failed" in row:
+                    # The table says so, and the other steps are still measured: one broken step
+                    # must not cost the whole (long) run.
+                    best = row
+                    break
+                if best is None or row["seconds"] < best["seconds"]:
+                    best = row
+            if "failed" in best:
+                failed.append(f"{step} ({best['command']}): {best['failed']}")
+            rows.append(dict(best, runs=repeats) if "failed" not in best else best)
+    write_result(out_json, "python -m coursetools.results runtimes" + (f" --repeats {repeats}" if repeats > 1 else ""),
+                 {"rows": rows})
     if failed:
         raise UserError(f"wrote {out_json}, but {len(failed)} step(s) failed: " + "; ".join(failed))
     return {"rows": rows}
@@ -166,7 +185,8 @@ def measure_runtimes(root: Path, out_json: Path) -> dict:
 def _caption(result: dict) -> str:
     """caption(), plus a warning when other work outnumbered the cores during the run."""
     machine = result["machine"]
-    load, cores = machine.get("load_average"), machine.get("cores")
+    loads = [machine[k] for k in ("load_average_at_start", "load_average") if machine.get(k) is not None]
+    load, cores = max(loads, default=None), machine.get("cores")
     if load is not None and cores and load > cores:
         return (caption(result) + f" _The load average ({load}) was above the number of cores ({cores}): other "
                 "jobs' noise is in these numbers; re-measure on an idle machine (`make results`)._")
@@ -316,7 +336,7 @@ def profile_transcript(root: Path) -> str:
             out.append(line)
             i += 1
     text = "\n".join(out)
-    text = re.sub(r"\S*/runs/01/", "OUT/01/", text)   # the run's scratch folder
+    text = re.sub(r"\S*/runs\d*/01/", "OUT/01/", text)   # the run's scratch folder
     shares = _profile_shares(row["profile"])
     steps = row["profile"]["steps"]
     wait_ms = sum(s["data_wait"] for s in steps) / len(steps)
@@ -616,6 +636,7 @@ def main(argv=None) -> int:
     t = sub.add_parser("runtimes", help="time each step's documented command on this machine")
     t.add_argument("--root", default=".")
     t.add_argument("--out", default="results/runtimes.json")
+    t.add_argument("--repeats", type=int, default=1, help="runs of each command; its fastest is kept")
     args = p.parse_args(argv)
     root = Path(args.root).resolve()
     if not (root / "fno.py").is_file():
@@ -625,7 +646,9 @@ def main(argv=None) -> int:
         for path in stale:
             print(f"{'stale' if args.check else 'updated'}: {path.relative_to(root)}")
         return 1 if args.check and stale else 0
-    measure_runtimes(root, root / args.out if not Path(args.out).is_absolute() else Path(args.out))
+    if args.repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    measure_runtimes(root, root / args.out if not Path(args.out).is_absolute() else Path(args.out), args.repeats)
     print(f"wrote {args.out}; now run: python -m coursetools.results render")
     return 0
 
