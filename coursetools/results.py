@@ -626,6 +626,57 @@ def efficiency_readme_row(result: dict) -> list[str]:
             "; ".join(parts) + "; GPU: the same command, to be measured"]
 
 
+# --------------------------------------------------------------------------- exercises 10 and 11
+# Both files are written by solutions/11_domain_parallel/benchmark.py (--checkpointing for step 10).
+def _mb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e6:.1f} MB"
+
+
+def _domain_config(config: dict) -> str:
+    repeats = config.get("repeats", 1)
+    return (f"width {config['width']}, {config['layers']} blocks, {config['fno_modes']} modes per axis, "
+            f"batch {config['batch_size']}; ms/step: the median of the traced steps (of the slowest rank), "
+            + (f"the fastest of {repeats} rounds" if repeats > 1 else "one run")
+            + f"; {config['device'].upper()}, one thread per rank")
+
+
+def checkpointing_table(root: Path) -> str:
+    """Exercise 10's plain vs checkpointed step, from results/10_checkpointing.json."""
+    result = _result(root, "10_checkpointing.json")
+    d = result["data"]
+    by = {row["checkpointed"]: row for row in d["modes"]["checkpointing"]}
+    plain, ckpt = by[False], by[True]
+    c = d["config"]
+    rows = [[f"{plain['grid'].replace('x', '×')}, {c['layers']}, {c['batch_size']}",
+             _mb(plain["peak_bytes_per_rank"]), _mb(ckpt["peak_bytes_per_rank"]),
+             f"**{ckpt['peak_bytes_per_rank'] / plain['peak_bytes_per_rank']:.2f}**",
+             f"{plain['step_ms']:.0f}", f"{ckpt['step_ms']:.0f}",
+             f"**{ckpt['step_ms'] / plain['step_ms']:.2f}**"]]
+    return (md_table(["grid, layers, batch", "peak plain", "peak checkpointed", "peak ratio",
+                      "ms/step plain", "ms/step checkpointed", "step time ratio"], rows, "lrrrrrr")
+            + f"\n\nOne rank, synthetic batches; {_domain_config(c)}.\n\n" + _caption(result))
+
+
+def domain_scaling_table(root: Path) -> str:
+    """Exercise 11's weak and strong domain scaling, from results/11_domain_scaling.json."""
+    result = _result(root, "11_domain_scaling.json")
+    d = result["data"]
+    rows = []
+    for mode, mode_rows in d["modes"].items():
+        first = mode_rows[0]
+        for r in mode_rows:
+            if mode == "strong":
+                speed_up = first["step_ms"] / r["step_ms"]
+                scaled = f"speed-up {speed_up:.2f}× (efficiency {r['efficiency']:.2f})"
+            else:
+                scaled = f"efficiency {r['efficiency']:.2f}"
+            rows.append([mode, r["ranks"], r["grid"].replace("x", " × "), f"{r['step_ms']:.0f}", scaled,
+                         f"{100 * r['exchange_share']:.1f} %", _mb(r["peak_bytes_per_rank"])])
+    return (md_table(["mode", "ranks", "grid", "ms/step", "efficiency / speed-up", "exchange share",
+                      "peak per rank"], rows, "lrlrlrr")
+            + f"\n\nSynthetic batches; {_domain_config(d['config'])}.\n\n" + _caption(result))
+
+
 # --------------------------------------------------------------------------- command line
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Results files and the tables generated from them.")
