@@ -554,6 +554,12 @@ def readme_results_table(root: Path) -> str:
     efficiency = use("efficiency_cpu/efficiency.json")
     if efficiency:  # exercises 07-09: its sentence lives beside the table it summarises
         rows.append(efficiency_readme_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
+    checkpointing = use("10_checkpointing.json")
+    if checkpointing:  # exercise 10: its sentence lives beside the table it summarises
+        rows.append(checkpointing_readme_row(checkpointing) + [_link("10_checkpointing.json")])
+    domain = use("11_domain_scaling.json")
+    if domain:
+        rows.append(domain_readme_row(domain) + [_link("11_domain_scaling.json")])
     machines = {}
     for name, res in results.items():
         if res:
@@ -675,6 +681,31 @@ def domain_scaling_table(root: Path) -> str:
     return (md_table(["mode", "ranks", "grid", "ms/step", "efficiency / speed-up", "exchange share",
                       "peak per rank"], rows, "lrlrlrr")
             + f"\n\nSynthetic batches; {_domain_config(d['config'])}.\n\n" + _caption(result))
+
+
+def checkpointing_readme_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 10 (step, command, what it measured)."""
+    by = {row["checkpointed"]: row for row in result["data"]["modes"]["checkpointing"]}
+    plain, ckpt = by[False], by[True]
+    return ["10", f"`{result['command']}` ([exercise 10](exercises/10_checkpointing/README.md#what-you-should-see))",
+            f"{plain['grid'].replace('x', '×')}, {result['data']['config']['layers']} blocks, one rank: peak "
+            f"{_mb(plain['peak_bytes_per_rank'])} plain, {_mb(ckpt['peak_bytes_per_rank'])} checkpointed "
+            f"(**{ckpt['peak_bytes_per_rank'] / plain['peak_bytes_per_rank']:.2f}×**), step time "
+            f"**{ckpt['step_ms'] / plain['step_ms']:.2f}×**"]
+
+
+def domain_readme_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 11 (step, command, what it measured)."""
+    parts = []
+    for mode, rows in result["data"]["modes"].items():
+        first, last = rows[0], rows[-1]
+        gain = (f"efficiency **{last['efficiency']:.2f}**" if mode == "weak" else
+                f"speed-up **{first['step_ms'] / last['step_ms']:.2f}×**")
+        parts.append(f"{mode} {first['ranks']} to {last['ranks']} domain ranks: {gain}, exchange "
+                     f"{100 * last['exchange_share']:.0f} % of a step, peak per rank "
+                     f"{_mb(first['peak_bytes_per_rank'])} to {_mb(last['peak_bytes_per_rank'])}")
+    return ["11", f"`{result['command']}` ([exercise 11](exercises/11_domain_parallel/README.md#what-you-should-see))",
+            "; ".join(parts)]
 
 
 # --------------------------------------------------------------------------- command line
