@@ -458,7 +458,7 @@ def _link(name: str) -> str:
 
 
 def _stats_benchmark(root: Path) -> dict | None:
-    """Exercise 04's benchmark file, in coursetools.results' layout or in benchmark.py's own (top-level keys)."""
+    """Exercise 04's benchmark file, in write_result's layout or in benchmark.py's own (top-level keys)."""
     path = Path(root) / "results" / "04_stats_benchmark.json"
     if not path.exists():
         return None
