@@ -82,3 +82,23 @@ def test_measure_says_which_target_failed_or_wrote_nothing(tmp_path, monkeypatch
     with pytest.raises(measure.UserError, match="unknown results target nope"):
         measure.main(["nope"])
     assert sys.executable  # the targets run with this interpreter ({py})
+
+
+@pytest.mark.slow
+def test_a_benchmark_keeps_the_fastest_of_its_rounds(tmp_path):
+    """solutions/11_domain_parallel/benchmark.py --checkpointing --repeats 2 on a tiny model: each row
+    is the best of 2 rounds, and its results file says so (what make results runs for step 10)."""
+    import subprocess
+
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "solutions/11_domain_parallel/benchmark.py"), "--checkpointing",
+         "--rows", "8", "--cols", "16", "--width", "8", "--layers", "2", "--fno-modes", "4",
+         "--batch-size", "2", "--steps", "4", "--repeats", "2", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.count("plain:") == 2 and result.stdout.count("checkpointed:") == 2  # 2 rounds
+    written = json.loads((out / "domain_scaling.json").read_text())
+    rows = written["data"]["modes"]["checkpointing"]
+    assert [(r["checkpointed"], r["rounds"]) for r in rows] == [(False, 2), (True, 2)]
+    assert written["data"]["config"]["repeats"] == 2 and "--repeats 2" in written["command"]
