@@ -1,10 +1,10 @@
 """Results files: what a measuring command ran, on which machine, when, and what it measured.
 
-The bottom of the numbers pipeline: benchmarks write these files (`write_result`); coursetools.results
-renders the docs' tables from them. No renderer lives here, so any module may write or read a results
-file without importing the renderers. The machine's `load_average` is the load when the file was
-written (the end of the measurement); `make results` (coursetools.measure) adds the load at its start
-(`add_load_at_start`).
+The bottom of the numbers pipeline: benchmarks write these files (`write_result`);
+coursetools.results renders the docs' tables from them. No renderer lives here, so any module may
+write or read a results file without importing the renderers. The machine's `load_average` is the
+load when the file was written (the end of the measurement); `make results` (coursetools.measure)
+adds the load at its start (`add_load_at_start`).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def read_result(path: str | os.PathLike) -> dict:
 
 
 def add_load_at_start(path: str | os.PathLike, load: float | None) -> None:
-    """Record in a results file the load average when its command started (the file keeps the rest)."""
+    """Add to a results file the load average when its command started (the rest stays)."""
     result = read_result(path)
     if load is not None and isinstance(result.get("machine"), dict):
         result["machine"]["load_average_at_start"] = load

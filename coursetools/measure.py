@@ -51,8 +51,9 @@ TARGETS = (
     Target("throughput_large", "results/throughput_large.json",
            ("{py} -m wellfno.grayscott --data-dir {runs}/large_data --size large --n-train 2 "
             "--n-steps 50",
-            "{py} profiling/throughput.py --data-dir {runs}/large_data --out {runs}/throughput_large "
-            "--workers 0 --readers fast --seconds 2 --repeats 2 --results results/throughput_large.json"),
+            "{py} profiling/throughput.py --data-dir {runs}/large_data "
+            "--out {runs}/throughput_large --workers 0 --readers fast --seconds 2 --repeats 2 "
+            "--results results/throughput_large.json"),
            "exercise 02's readers on 128x128 windows"),
     Target("compare_scripts", "results/compare_scripts.json",
            ("{py} profiling/compare_scripts.py --data-dir {data} --out {runs}/scripts --repeats 2 "
@@ -60,31 +61,34 @@ TARGETS = (
             "--scripts fno.py solutions/01_profiling/fno.py "
             "'solutions/02_data_pipeline/fno.py --num-workers 2 --persistent-workers' "
             "'solutions/02_data_pipeline/fno.py --fast-reader' "
-            "'solutions/02_data_pipeline/fno.py --num-workers 1 --persistent-workers --fast-reader' "
+            "'solutions/02_data_pipeline/fno.py --num-workers 1 --persistent-workers "
+            "--fast-reader' "
             "'solutions/03_affinity/fno.py --num-workers 1 --persistent-workers --fast-reader'",),
            "exercise 02's whole scripts, README"),
     Target("profiling_overhead", "results/profiling_overhead.json",
-           ("{py} profiling/overhead.py --data-dir {data} --batch-size 4 --wait 8 --after 8 --repeats 6 "
-            "--results results/profiling_overhead.json",),
+           ("{py} profiling/overhead.py --data-dir {data} --batch-size 4 --wait 8 --after 8 "
+            "--repeats 6 --results results/profiling_overhead.json",),
            "exercise 01's profiler overhead, README"),
     Target("threads", "results/threads.json",
            ("{py} profiling/threads.py --data-dir {data} --threads 1,2 --busy 0,1 --repeats 2 "
             "--results results/threads.json",),
            "INSTRUCTORS.md threads"),
     Target("affinity_benchmark", "results/affinity_benchmark.json",
-           ("{py} affinity/benchmark.py --out results/affinity_benchmark.json",),  # --repeats 3: median
+           # its own --repeats (3) takes the median of interleaved rounds
+           ("{py} affinity/benchmark.py --out results/affinity_benchmark.json",),
            "exercise 03, README"),
     Target("04_stats_benchmark", "results/04_stats_benchmark.json",
-           ("{py} solutions/04_distributed_stats/benchmark.py --synthetic-gb 1 --ranks 1,2 --repeat 3 "
-            "--json results/04_stats_benchmark.json",),
+           ("{py} solutions/04_distributed_stats/benchmark.py --synthetic-gb 1 --ranks 1,2 "
+            "--repeat 3 --json results/04_stats_benchmark.json",),
            "exercise 04, README"),
     Target("05_ddp_scaling", "results/05_ddp_scaling.json",
-           ("{py} solutions/05_ddp/scaling.py --ranks 1 2 --batch-size 8 --max-steps 12 --repeats 2 "
-            "--data-dir {data} --out {runs}/scaling --results results/05_ddp_scaling.json",),
+           ("{py} solutions/05_ddp/scaling.py --ranks 1 2 --batch-size 8 --max-steps 12 "
+            "--repeats 2 --data-dir {data} --out {runs}/scaling "
+            "--results results/05_ddp_scaling.json",),
            "exercise 05, README"),
     Target("efficiency_cpu", "results/efficiency_cpu/efficiency.json",
-           ("{py} solutions/09_compile_mfu/benchmark.py --data-dir {data} --out results/efficiency_cpu "
-            "--steps 20 --repeats 2 --common '--bind none'",),
+           ("{py} solutions/09_compile_mfu/benchmark.py --data-dir {data} "
+            "--out results/efficiency_cpu --steps 20 --repeats 2 --common '--bind none'",),
            "exercises 07-09, README"),
     Target("10_checkpointing", "results/10_checkpointing.json",
            ("{py} solutions/11_domain_parallel/benchmark.py --checkpointing --rows 64 --cols 64 "
@@ -147,8 +151,8 @@ def measure(target: Target, root: Path, data_dir: str, runs: str, env: dict) -> 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", help="results targets to measure (default: all)")
     p.add_argument("--list", action="store_true", help="list the targets and their commands")
     p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"),
@@ -161,13 +165,15 @@ def main(argv=None) -> int:
         for t in targets:
             print(f"{t.name}: {t.file} ({t.quoted_in})")
             for template in t.commands:
-                print("    " + shlex.join(["python", *argv_of(template, args.data_dir, args.runs)[1:]]))
+                argv_shown = argv_of(template, args.data_dir, args.runs)[1:]
+                print("    " + shlex.join(["python", *argv_shown]))
         return 0
     root = Path(args.root).resolve()
     if not (root / "fno.py").is_file():
         raise UserError(f"{root} is not the repository root (no fno.py there): use --root")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    print(f"measuring {len(targets)} results file(s): {', '.join(t.name for t in targets)}", flush=True)
+    print(f"measuring {len(targets)} results file(s): {', '.join(t.name for t in targets)}",
+          flush=True)
     start = time.perf_counter()
     rows = [measure(t, root, args.data_dir, args.runs, env) for t in targets]
     print(f"\n{'target':<20} {'seconds':>8}  load at start -> end", flush=True)

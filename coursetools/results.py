@@ -144,16 +144,18 @@ def _run_step(root: Path, step: str, template: str, data_dir: str, runs: Path) -
     seconds = time.perf_counter() - start
     row = {"step": step, "command": shown, "seconds": round(seconds, 1)}
     if proc.returncode != 0:
-        errors = [line for line in proc.stderr.splitlines() if "Error" in line or line.startswith("error:")]
-        row["failed"] = (errors or proc.stderr.strip().splitlines() or ["(no output)"])[-1].strip()[:200]
+        errors = [line for line in proc.stderr.splitlines()
+                  if "Error" in line or line.startswith("error:")]
+        last = (errors or proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        row["failed"] = last.strip()[:200]
     else:
         row.update(_step_extras(step, argv, proc.stdout, runs))
     return row
 
 
 def measure_runtimes(root: Path, out_json: Path, repeats: int = 1) -> dict:
-    """Each documented command run `repeats` times in a row (each later command needs the data the
-    first ones generate, so not round-robin), keeping its fastest run; every run in a fresh folder."""
+    """Each documented command run `repeats` times in a row (the later commands need the data the
+    first ones generate, so not round-robin), keeping its fastest run; each run in a fresh folder."""
     rows, failed = [], []
     with tempfile.TemporaryDirectory(prefix="coursetools-runtimes-") as scratch:
         for step, template in RUNTIME_COMMANDS:
@@ -163,8 +165,8 @@ def measure_runtimes(root: Path, out_json: Path, repeats: int = 1) -> dict:
                 # the data the later commands use is the first run's; a repeat generates anew
                 data_dir = f"{scratch}/data" + (f"_repeat{i}" if step == "data" and i else "")
                 row = _run_step(root, step, template, data_dir, Path(scratch, f"runs{i}"))
-                print(f"      {row['seconds']:.1f} s" + (f": FAILED: {row['failed']}" if "failed" in row else ""),
-                      flush=True)
+                failure = f": FAILED: {row['failed']}" if "failed" in row else ""
+                print(f"      {row['seconds']:.1f} s{failure}", flush=True)
                 if "failed" in row:
                     # The table says so, and the other steps are still measured: one broken step
                     # must not cost the whole (long) run.
@@ -640,8 +642,9 @@ def _mb(n_bytes: float) -> str:
 
 def _domain_config(config: dict) -> str:
     repeats = config.get("repeats", 1)
-    return (f"width {config['width']}, {config['layers']} blocks, {config['fno_modes']} modes per axis, "
-            f"batch {config['batch_size']}; ms/step: the median of the traced steps (of the slowest rank), "
+    return (f"width {config['width']}, {config['layers']} blocks, {config['fno_modes']} modes per "
+            f"axis, batch {config['batch_size']}; ms/step: the median of the traced steps (of the "
+            f"slowest rank), "
             + (f"the fastest of {repeats} rounds" if repeats > 1 else "one run")
             + f"; {config['device'].upper()}, one thread per rank")
 
@@ -676,7 +679,8 @@ def domain_scaling_table(root: Path) -> str:
                 scaled = f"speed-up {speed_up:.2f}× (efficiency {r['efficiency']:.2f})"
             else:
                 scaled = f"efficiency {r['efficiency']:.2f}"
-            rows.append([mode, r["ranks"], r["grid"].replace("x", " × "), f"{r['step_ms']:.0f}", scaled,
+            rows.append([mode, r["ranks"], r["grid"].replace("x", " × "), f"{r['step_ms']:.0f}",
+                         scaled,
                          f"{100 * r['exchange_share']:.1f} %", _mb(r["peak_bytes_per_rank"])])
     return (md_table(["mode", "ranks", "grid", "ms/step", "efficiency / speed-up", "exchange share",
                       "peak per rank"], rows, "lrlrlrr")
@@ -687,9 +691,11 @@ def checkpointing_readme_row(result: dict) -> list[str]:
     """The course README's results row of exercise 10 (step, command, what it measured)."""
     by = {row["checkpointed"]: row for row in result["data"]["modes"]["checkpointing"]}
     plain, ckpt = by[False], by[True]
-    return ["10", f"`{result['command']}` ([exercise 10](exercises/10_checkpointing/README.md#what-you-should-see))",
-            f"{plain['grid'].replace('x', '×')}, {result['data']['config']['layers']} blocks, one rank: peak "
-            f"{_mb(plain['peak_bytes_per_rank'])} plain, {_mb(ckpt['peak_bytes_per_rank'])} checkpointed "
+    link = "[exercise 10](exercises/10_checkpointing/README.md#what-you-should-see)"
+    return ["10", f"`{result['command']}` ({link})",
+            f"{plain['grid'].replace('x', '×')}, {result['data']['config']['layers']} blocks, one "
+            f"rank: peak {_mb(plain['peak_bytes_per_rank'])} plain, "
+            f"{_mb(ckpt['peak_bytes_per_rank'])} checkpointed "
             f"(**{ckpt['peak_bytes_per_rank'] / plain['peak_bytes_per_rank']:.2f}×**), step time "
             f"**{ckpt['step_ms'] / plain['step_ms']:.2f}×**"]
 
@@ -704,7 +710,8 @@ def domain_readme_row(result: dict) -> list[str]:
         parts.append(f"{mode} {first['ranks']} to {last['ranks']} domain ranks: {gain}, exchange "
                      f"{100 * last['exchange_share']:.0f} % of a step, peak per rank "
                      f"{_mb(first['peak_bytes_per_rank'])} to {_mb(last['peak_bytes_per_rank'])}")
-    return ["11", f"`{result['command']}` ([exercise 11](exercises/11_domain_parallel/README.md#what-you-should-see))",
+    link = "[exercise 11](exercises/11_domain_parallel/README.md#what-you-should-see)"
+    return ["11", f"`{result['command']}` ({link})",
             "; ".join(parts)]
 
 
@@ -718,7 +725,8 @@ def main(argv=None) -> int:
     t = sub.add_parser("runtimes", help="time each step's documented command on this machine")
     t.add_argument("--root", default=".")
     t.add_argument("--out", default="results/runtimes.json")
-    t.add_argument("--repeats", type=int, default=1, help="runs of each command; its fastest is kept")
+    t.add_argument("--repeats", type=int, default=1,
+                   help="runs of each command; its fastest is kept")
     args = p.parse_args(argv)
     root = Path(args.root).resolve()
     if not (root / "fno.py").is_file():

@@ -30,7 +30,8 @@ def test_busy_warning_only_above_the_cpus():
     assert machine.busy_warning(2.0, "at the start", cpus_here=2) is None
     assert machine.busy_warning(None, "at the start", cpus_here=2) is None
     line = machine.busy_warning(2.5, "at the start of threads", cpus_here=2)
-    assert line.startswith("warning: the machine is busy at the start of threads: load average 2.5 above its 2")
+    assert line.startswith("warning: the machine is busy at the start of threads: "
+                           "load average 2.5 above its 2")
     assert "\n" not in line
 
 
@@ -44,7 +45,8 @@ def test_the_load_at_the_start_is_added_and_named(tmp_path):
 
 def test_every_committed_results_file_is_measured_again_by_make_results():
     committed = {str(p.relative_to(REPO)) for p in (REPO / "results").rglob("*.json")}
-    assert committed <= {t.file for t in measure.TARGETS}, "add the file's command to coursetools.measure.TARGETS"
+    assert committed <= {t.file for t in measure.TARGETS}, \
+        "add the file's command to coursetools.measure.TARGETS"
 
 
 def _fake_target(monkeypatch, name, file, code):
@@ -53,10 +55,11 @@ def _fake_target(monkeypatch, name, file, code):
     monkeypatch.setattr(measure, "BY_NAME", {name: target})
 
 
-def test_measure_runs_a_target_records_its_start_load_and_warns_when_busy(tmp_path, monkeypatch, capsys):
+def test_measure_records_the_start_load_and_warns_when_busy(tmp_path, monkeypatch, capsys):
     (tmp_path / "fno.py").write_text("")
     code = ("import os, sys; from benchtools.resultfiles import write_result; "
-            "assert os.environ['OMP_NUM_THREADS'] == '1'; write_result('results/x.json', 'python x', dict(v=1))")
+            "assert os.environ['OMP_NUM_THREADS'] == '1'; "
+            "write_result('results/x.json', 'python x', dict(v=1))")
     _fake_target(monkeypatch, "x", "results/x.json", code)
     loads = iter([9.0, 0.5])   # busy at the start, idle at the end
     monkeypatch.setattr(measure, "load_average", lambda: next(loads))
@@ -74,7 +77,8 @@ def test_measure_runs_a_target_records_its_start_load_and_warns_when_busy(tmp_pa
 def test_measure_says_which_target_failed_or_wrote_nothing(tmp_path, monkeypatch):
     (tmp_path / "fno.py").write_text("")
     _fake_target(monkeypatch, "quiet", "results/never.json", "pass")
-    with pytest.raises(measure.UserError, match="quiet: its commands ran but did not write results/never.json"):
+    with pytest.raises(measure.UserError,
+                       match="quiet: its commands ran but did not write results/never.json"):
         measure.main(["--root", str(tmp_path)])
     _fake_target(monkeypatch, "broken", "results/b.json", "import sys; sys.exit(3)")
     with pytest.raises(measure.UserError, match="broken: `python -c"):
@@ -86,8 +90,8 @@ def test_measure_says_which_target_failed_or_wrote_nothing(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_a_benchmark_keeps_the_fastest_of_its_rounds(tmp_path):
-    """solutions/11_domain_parallel/benchmark.py --checkpointing --repeats 2 on a tiny model: each row
-    is the best of 2 rounds, and its results file says so (what make results runs for step 10)."""
+    """solutions/11_domain_parallel/benchmark.py --checkpointing --repeats 2 on a tiny model: each
+    row is the best of 2 rounds, and its results file says so (make results runs it for step 10)."""
     import subprocess
 
     out = tmp_path / "bench"
@@ -97,7 +101,8 @@ def test_a_benchmark_keeps_the_fastest_of_its_rounds(tmp_path):
          "--batch-size", "2", "--steps", "4", "--repeats", "2", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert result.stdout.count("plain:") == 2 and result.stdout.count("checkpointed:") == 2  # 2 rounds
+    # every configuration ran twice, round-robin
+    assert result.stdout.count("plain:") == 2 and result.stdout.count("checkpointed:") == 2
     written = json.loads((out / "domain_scaling.json").read_text())
     rows = written["data"]["modes"]["checkpointing"]
     assert [(r["checkpointed"], r["rounds"]) for r in rows] == [(False, 2), (True, 2)]

@@ -12,9 +12,9 @@ from tests.conftest import REPO
 # DESIGN.md's layers, bottom first. Packages in one layer do not import each other.
 LAYERS = (
     ("wellfno",),                  # the shared code participants read
-    ("benchtools",),               # a results file and the machine it names: every benchmark writes one
+    ("benchtools",),               # a results file and its machine: every benchmark writes one
     ("profiling", "affinity"),     # exercises 01-03's tools
-    ("coursetools",),              # the docs' tables, make results, the day-0 check, the Well's metadata
+    ("coursetools",),              # docs' tables, make results, day-0 check, the Well's metadata
 )
 PACKAGES = tuple(package for layer in LAYERS for package in layer)
 
@@ -98,15 +98,17 @@ def layer_of(module: str) -> int:
 
 def wrong_way(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """(importer, imported) pairs where a package imports another of its own layer or one above."""
-    return sorted((importer, imported) for importer, targets in graph.items() for imported in targets
+    return sorted((importer, imported)
+                  for importer, targets in graph.items() for imported in targets
                   if imported.split(".")[0] != importer.split(".")[0]
                   and layer_of(imported) >= layer_of(importer))
 
 
 def test_the_layer_rule_finds_an_upward_import():
-    assert wrong_way({"wellfno.data": {"coursetools.wellmeta", "wellfno.cli"}, "wellfno.cli": set()}) == [
-        ("wellfno.data", "coursetools.wellmeta")]
-    assert wrong_way({"profiling.throughput": {"affinity.bind"}}) == [("profiling.throughput", "affinity.bind")]
+    graph = {"wellfno.data": {"coursetools.wellmeta", "wellfno.cli"}, "wellfno.cli": set()}
+    assert wrong_way(graph) == [("wellfno.data", "coursetools.wellmeta")]
+    assert wrong_way({"profiling.throughput": {"affinity.bind"}}) == [
+        ("profiling.throughput", "affinity.bind")]
     assert wrong_way({"coursetools.results": {"profiling.traces", "benchtools.resultfiles"}}) == []
 
 
@@ -119,6 +121,6 @@ def test_every_package_is_in_a_layer_and_installed():
 
 def test_each_layer_imports_only_the_layers_below():
     graph = import_graph()
-    assert graph["coursetools.results"] and graph["profiling.throughput"], "the import graph was not read"
-    assert wrong_way(graph) == [], "a package imports its own layer or one above (DESIGN.md: Layers): " \
-        "move the shared code down, or the importer up"
+    assert graph["coursetools.results"] and graph["profiling.throughput"], "the graph was not read"
+    assert wrong_way(graph) == [], ("a package imports its own layer or one above (DESIGN.md: "
+                                    "Layers): move the shared code down, or the importer up")

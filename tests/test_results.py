@@ -245,12 +245,13 @@ _DOMAIN_CONFIG = dict(ranks=[1, 2], modes=["weak", "strong"], rows=64, cols=64, 
 
 
 def _domain_row(ranks, grid, step_ms, share, peak, **extra):
-    return dict(ranks=ranks, grid=grid, step_ms=step_ms, exchange_share=share, peak_bytes_per_rank=peak,
-                traced_steps=[2, 3, 4], **extra)
+    return dict(ranks=ranks, grid=grid, step_ms=step_ms, exchange_share=share,
+                peak_bytes_per_rank=peak, traced_steps=[2, 3, 4], **extra)
 
 
 def test_checkpointing_table_shows_both_ratios(tmp_path):
-    _write(tmp_path, "10_checkpointing.json", "python solutions/11_domain_parallel/benchmark.py --checkpointing",
+    _write(tmp_path, "10_checkpointing.json",
+           "python solutions/11_domain_parallel/benchmark.py --checkpointing",
            dict(config=_DOMAIN_CONFIG, modes={"checkpointing": [
                _domain_row(1, "64x64", 1000.0, 0.001, 200_000_000, checkpointed=False),
                _domain_row(1, "64x64", 1250.0, 0.001, 80_000_000, checkpointed=True)]}),
@@ -258,11 +259,13 @@ def test_checkpointing_table_shows_both_ratios(tmp_path):
     table = results.checkpointing_table(tmp_path)
     assert "| 64×64, 8, 8 | 200.0 MB | 80.0 MB | **0.40** | 1000 | 1250 | **1.25** |" in table
     assert "the fastest of 2 rounds" in table
-    assert "on Test CPU, 2 cores, torch 2.0, no GPU, load average 0.5 at the start, 1.5 at the end" in table
+    assert ("on Test CPU, 2 cores, torch 2.0, no GPU, load average 0.5 at the start, 1.5 at the end"
+            in table)
 
 
 def test_domain_scaling_table_has_weak_and_strong_rows(tmp_path):
-    _write(tmp_path, "11_domain_scaling.json", "python solutions/11_domain_parallel/benchmark.py --ranks 1 2",
+    _write(tmp_path, "11_domain_scaling.json",
+           "python solutions/11_domain_parallel/benchmark.py --ranks 1 2",
            dict(config=dict(_DOMAIN_CONFIG, repeats=1), modes={
                "weak": [_domain_row(1, "64x64", 300.0, 0.004, 60_000_000, efficiency=1.0),
                         _domain_row(2, "128x64", 400.0, 0.22, 63_000_000, efficiency=0.75)],
@@ -271,6 +274,7 @@ def test_domain_scaling_table_has_weak_and_strong_rows(tmp_path):
            cpu="Test CPU", cores=2, torch="2.0", load_average=5.0)
     table = results.domain_scaling_table(tmp_path)
     assert "| weak | 2 | 128 × 64 | 400 | efficiency 0.75 | 22.0 % | 63.0 MB |" in table
-    assert "| strong | 2 | 128 × 64 | 400 | speed-up 1.25× (efficiency 0.62) | 23.0 % | 63.0 MB |" in table
+    assert ("| strong | 2 | 128 × 64 | 400 | speed-up 1.25× (efficiency 0.62) | 23.0 % | 63.0 MB |"
+            in table)
     assert "one run" in table
     assert "above the number of cores" in table   # load 5 on 2 cores: the caption says so
