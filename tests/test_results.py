@@ -278,3 +278,18 @@ def test_domain_scaling_table_has_weak_and_strong_rows(tmp_path):
             in table)
     assert "one run" in table
     assert "above the number of cores" in table   # load 5 on 2 cores: the caption says so
+
+
+def test_runtimes_keep_each_commands_fastest_run_and_name_a_failure(tmp_path, monkeypatch):
+    """`runtimes --repeats 2` on two cheap commands: each row is the faster of 2 fresh runs; a
+    failing command runs once, its row says why, and the error names it after the file is written."""
+    (tmp_path / "fno.py").write_text("")
+    slow_first = ("{py} -c \"import pathlib, time; p = pathlib.Path('{D}_seen'); "
+                  "time.sleep(0.0 if p.exists() else 1.0); p.touch()\"")
+    failing = "{py} -c \"raise SystemExit('error: no')\""
+    monkeypatch.setattr(results, "RUNTIME_COMMANDS", [("03", slow_first), ("04", failing)])
+    with pytest.raises(UserError, match=r"1 step\(s\) failed: 04 .*error: no"):
+        results.measure_runtimes(tmp_path, tmp_path / "runtimes.json", repeats=2)
+    rows = json.loads((tmp_path / "runtimes.json").read_text())["data"]["rows"]
+    assert rows[0]["runs"] == 2 and rows[0]["seconds"] < 0.9   # the second, fast run was kept
+    assert rows[1]["failed"] == "error: no" and "runs" not in rows[1]
