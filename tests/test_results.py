@@ -282,7 +282,7 @@ def test_domain_scaling_table_has_weak_and_strong_rows(tmp_path):
 
 def test_runtimes_keep_each_commands_fastest_run_and_name_a_failure(tmp_path, monkeypatch):
     """`runtimes --repeats 2` on two cheap commands: each row is the faster of 2 fresh runs; a
-    failing command runs once, its row says why, and the error names it after the file is written."""
+    failing command runs once, its row says why, and the error names it once the file is written."""
     (tmp_path / "fno.py").write_text("")
     slow_first = ("{py} -c \"import pathlib, time; p = pathlib.Path('{D}_seen'); "
                   "time.sleep(0.0 if p.exists() else 1.0); p.touch()\"")
