@@ -97,8 +97,23 @@ RUNTIME_COMMANDS = [
     ("04", "{py} stats.py {D}/datasets/gray_scott_embedded --out {OUT}/stats.yaml"),
     ("04", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
            "solutions/04_distributed_stats/stats.py {D}/datasets/gray_scott_embedded --out {OUT}/stats2.yaml"),
+    # 05-11: one epoch each (the exercises' runs are a few epochs of this); 2 ranks where the step
+    # is about ranks, one process otherwise; 08 in float32 (a CPU without bf16 units refuses bf16).
+    ("05", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/05_ddp/fno.py --data-dir {D} --out {OUT}/05 --epochs 1"),
+    ("06", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/06_exact_metrics/fno.py --data-dir {D} --out {OUT}/06 --epochs 1"),
+    ("07", "{py} solutions/07_host_syncs/fno.py --data-dir {D} --out {OUT}/07 --epochs 1"),
+    ("08", "{py} solutions/08_mixed_precision/fno.py --data-dir {D} --out {OUT}/08 --epochs 1"),
+    ("09", "{py} solutions/09_compile_mfu/fno.py --compile --data-dir {D} --out {OUT}/09 --epochs 1"),
+    ("10", "{py} solutions/10_checkpointing/fno.py --checkpoint-blocks --data-dir {D} --out {OUT}/10 "
+           "--epochs 1"),
+    ("11", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/11_domain_parallel/fno.py --domain-size 2 --data-dir {D} --out {OUT}/11 --epochs 1"),
     ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
+
+TRAINING_STEPS = ("05", "06", "07", "08", "09", "10", "11")  # their metrics.json: samples/s
 
 
 CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there
@@ -124,6 +139,9 @@ def _step_extras(step: str, argv: list[str], stdout: str, runs: Path) -> dict:
                              | {"samples_per_second": round(h["samples"] / h["seconds"], 1)} for h in m["history"]])
         # kept for older readers of this file
         extra.update(rollout_vrmse_step1=extra["rollout_vrmse"][0], persistence_vrmse_step1=extra["persistence_vrmse"][0])
+    elif step in TRAINING_STEPS and (runs / step / "metrics.json").exists():
+        m = json.loads((runs / step / "metrics.json").read_text())
+        extra["samples_per_second"] = round(m["samples_per_second"], 1)
     elif step == "01":
         found = sorted((runs / "01").glob("trace_rank0_steps*.json.gz"))
         if found:
