@@ -317,7 +317,7 @@ def efficiency_summary(data: dict) -> str:
     parts = [f"{rows[0]['row']}: {rows[0]['samples_per_s']:.1f} samples/s"]
     for r in rows[1:]:
         if r["skipped"]:
-            parts.append(f"{r['row']}: skipped ({r['skipped'].split(', so ')[0]})")
+            parts.append(f"{r['row']}: skipped, {r['skipped'].split(', so ')[0]}")
         elif r["speedup_of"] == "samples/s":
             text = f"{r['row']} **{r['speedup']:.2f}×** vs {r['against'][:2]}"
             if r["compile_seconds"]:
