@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.checks import last_error_line, require, task
 from tests.conftest import REPO, run_script
 from tests.fixtures.cpuinfo import RECORDED
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - Slurm fixtures
@@ -78,12 +79,15 @@ def test_this_cpu_bf16_units_as_proc_cpuinfo_says(monkeypatch):
 
 
 def _assert_bf16_refused(result, out):
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no bfloat16 units" in lines[0] and "--amp none" in lines[0], \
-        f"--amp bf16 on a CPU without bf16 units: one error line naming --amp none (task 1: " \
-        f"check_amp), got {lines[-3:]}"
-    assert not out.exists(), "nothing may be written"
+    line = last_error_line(result.stderr)
+    one_line = len(result.stderr.strip().splitlines()) == 1
+    require(result.returncode == 2 and one_line and "no bfloat16 units" in line
+            and "--amp none" in line,
+            f"--amp bf16 on a CPU without bf16 units must stop with one error line naming --amp none "
+            f"and exit 2, got exit {result.returncode}: {line}; call check_amp(args.amp, device) "
+            f"first {task('08', 1)}")
+    require(not out.exists(), f"--amp bf16 was refused but {out.name}/ was written: check --amp "
+                              f"before creating the output folder {task('08', 1)}")
 
 
 @pytest.mark.parametrize("cpu", ["amd_epyc_7763", "intel_xeon_8259cl"])

@@ -50,7 +50,10 @@ def cpu_flags() -> set[str] | None:
     """
     capabilities = getattr(torch.cpu, "get_capabilities", None)
     if capabilities is not None:
-        return {name for name, value in capabilities().items() if value is True}
+        try:
+            return {name for name, value in capabilities().items() if value is True}
+        except RuntimeError:  # cpuinfo could not read this CPU: the kernel may still say
+            pass
     try:
         return cpuinfo_flags(Path("/proc/cpuinfo").read_text())
     except OSError:
