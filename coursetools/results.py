@@ -636,20 +636,8 @@ def efficiency_table(root: Path) -> str:
 
 def efficiency_readme_row(result: dict) -> list[str]:
     """The course README's results row of exercises 07-09 (step, command, what it measured) from its results file."""
-    rows = {r["row"]: r for r in result["data"]["rows"]}
-    first, last = result["data"]["rows"][0], result["data"]["rows"][-1]
-    parts = [f"{first['row']}: {first['samples_per_s']:.1f} samples/s"]
-    for name, r in rows.items():
-        if name != first["row"] and r is not last:
-            parts.append(f"{name} **{r['vs_first']:.2f}×**")
-    compiled = rows.get("+ torch.compile", {}).get("compile_seconds")
-    if compiled:
-        parts[-1] += f" ({compiled:.0f} s compiling, timed apart)"
-    parts.append(f"{last['row'][2:]}: {last['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, MFU "
-                 f"**{100 * last['mfu']:.1f} %** of the {last['peak_precision']} peak ({result['data']['peak_device']}"
-                 f", an estimate)" if last["mfu"] is not None else f"{last['row'][2:]}: MFU unknown")
     return ["07-09", f"`{result['command']}` ([exercises 07-09](exercises/09_compile_mfu/background.md#what-you-should-see))",
-            "; ".join(parts) + "; GPU: the same command, to be measured"]
+            flops.efficiency_summary(result["data"]) + "; GPU: the same command, to be measured"]
 
 
 # --------------------------------------------------------------------------- exercises 10 and 11

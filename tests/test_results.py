@@ -293,3 +293,47 @@ def test_runtimes_keep_each_commands_fastest_run_and_name_a_failure(tmp_path, mo
     rows = json.loads((tmp_path / "runtimes.json").read_text())["data"]["rows"]
     assert rows[0]["runs"] == 2 and rows[0]["seconds"] < 0.9   # the second, fast run was kept
     assert rows[1]["failed"] == "error: no" and "runs" not in rows[1]
+
+
+def _ladder_row(name, against, samples, speedup, by="samples/s", skipped=None, flops=1e8,
+                mfu=0.01, compile_seconds=None):
+    numbers = dict(samples_per_s=samples, flops_per_sample=flops,
+                   achieved_flops_per_s=None if samples is None else flops * samples,
+                   peak_flops_per_s=1e11, peak_precision="fp32", mfu=mfu,
+                   peak_memory_bytes=None, peak_memory_of=None, compile_seconds=compile_seconds)
+    if skipped:
+        numbers = dict.fromkeys(numbers)
+    return dict(row=name, command="x.py", against=against, speedup_of=by, speedup=speedup,
+                skipped=skipped, **numbers)
+
+
+def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_path):
+    """Exercises 07-09's table and README sentence (solutions/09_compile_mfu/benchmark.py's
+    efficiency.json): each speed-up against the row it names, a skipped row with its reason."""
+    why = "this CPU has no bfloat16 units (AVX512_BF16, AMX-BF16 or Arm BF16), so bf16 would be " \
+          "emulated, slower than float32: use --amp none"
+    rows = [_ladder_row("06 baseline", None, 40.0, None),
+            _ladder_row("07 no host syncs", "06 baseline", 42.0, 1.05),
+            _ladder_row("08 mixed precision", "07 no host syncs", None, None, skipped=why),
+            _ladder_row("09 torch.compile", "07 no host syncs", 46.2, 1.1, compile_seconds=19.4),
+            _ladder_row("09 width 64, batch 64", "09 torch.compile", 20.0, 1.73, by="FLOP/s",
+                        flops=4e8, mfu=0.064)]
+    data = dict(device="cpu", peak_device="AMD EPYC, 1 core", peak_source="estimate: ...",
+                steps=20, repeats=3, common="", rows=rows)
+    results.write_result(tmp_path / results.EFFICIENCY_RESULT, "python solutions/09_compile_mfu/"
+                         "benchmark.py", data)
+    table = results.efficiency_table(tmp_path)
+    assert "| 07 no host syncs | 42.0 | 06 baseline | 1.05× | 4.20 | 1.00% | fp32 | - | - |" in table
+    assert "| 08 mixed precision | skipped | 07 no host syncs | - |" in table
+    assert f"08 mixed precision: skipped: {why}." in table
+    assert "| 09 torch.compile | 46.2 | 07 no host syncs | 1.10× |" in table and "| 19 |" in table
+    assert "| 09 width 64, batch 64 | 20.0 | 09 torch.compile | 1.73× (FLOP/s) | 8.00 | 6.40% |" \
+        in table
+    sentence = results.efficiency_readme_row(results.read_result(tmp_path
+                                                                 / results.EFFICIENCY_RESULT))[2]
+    assert sentence.startswith("06 baseline: 40.0 samples/s; 07 no host syncs **1.05×** vs 06; "
+                               "08 mixed precision: skipped, this CPU has no bfloat16 units "
+                               "(AVX512_BF16, AMX-BF16 or Arm BF16); 09")
+    assert "09 torch.compile **1.10×** vs 07 (19 s compiling, timed apart)" in sentence
+    assert ("width 64, batch 64: 8.0 GFLOP/s (1.73× the FLOP/s of 09 torch.compile), MFU **6.4 %** "
+            "of the fp32 peak (AMD EPYC, 1 core, an estimate)") in sentence

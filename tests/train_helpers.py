@@ -6,9 +6,11 @@ from tests.conftest import run_script
 RUN = ["--epochs", "1", "--batch-size", "8", "--bind", "none"]
 
 
-def train(script, data_dir, out, *extra, timeout=300):
-    """One run of `script` on the tiny data; its metrics.json."""
-    result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra, timeout=timeout)
+def train(script, data_dir, out, *extra, timeout=300, env=None):
+    """One run of `script` on the tiny data (`env`: variables added to the environment); its
+    metrics.json."""
+    result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra, timeout=timeout,
+                        env=env)
     assert result.returncode == 0, f"{script.name} {' '.join(map(str, extra))} failed: " + result.stderr[-1500:]
     return json.loads((out / "metrics.json").read_text())
 
