@@ -85,7 +85,9 @@ def test_log_every_zero_is_a_one_line_error(script, tiny_data_dir, tmp_path):
 def test_slurm_07_counts_the_syncs_per_step(slurm_cluster, slurm_data, tmp_path):  # noqa: F811
     """slurm/07_host_syncs.sbatch on the local test cluster: two profiled runs, their syncs per step."""
     run_root = tmp_path / "runs"
-    job = run_job("07_host_syncs.sbatch", "--batch-size", "2", env=job_env(run_root, slurm_data),
+    # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's default 20)
+    job = run_job("07_host_syncs.sbatch", "--batch-size", "2", "--max-steps", "7",
+                  env=job_env(run_root, slurm_data),
                   run_root=run_root, timeout=900)
     job.assert_completed()
     out = job.out.read_text()
