@@ -10,6 +10,20 @@ Every job runs the CPU variant on tiny generated data, and the tests check what
 the job really did: its final state (COMPLETED), the files in its run folder,
 the statistics against the serial program, the CPU masks against Slurm's own
 cpu-bind report.
+
+The jobs, and what each proves (all but the requeue job and gpu_select's sruns are submitted
+together, `batch`, and run side by side on the two nodes):
+- 00_baseline on an empty data folder: the data is generated, the baseline trains (5 steps);
+- 04_stats (srun -n 2) and 04_stats_torchrun (2 workers): statistics equal to the serial one;
+- 03_affinity_report with 2 x 1 and 1 x 2 CPUs: each rank's CPUs are the mask Slurm applied;
+- three 04_stats jobs with a bad site setting: each FAILS with one `error:` line naming it;
+- 00_baseline signalled USR1 while it trains: it requeues itself under its id;
+- 01_profiling (8 steps), 02_throughput (2 points), 03_affinity_train (1 step): their outputs;
+- submit_all.sh in probe mode (no program runs) on an NVIDIA, an AMD and a CPU site: every task
+  of the course holds the GPUs, CPUs and variables it should;
+- srun of gpu_select.sh under Slurm's GPU modes: it keeps what Slurm set;
+- 00_gpu_check on a CPU site (passes) and on a GPU site whose torch sees no GPU (fails);
+- 01_profiling on a GPU site without GPUs: fails in one line saying how to submit it.
 """
 from __future__ import annotations
 
