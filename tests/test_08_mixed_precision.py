@@ -6,7 +6,6 @@ Runs the script on the tiny generated data and compares low-precision runs with 
 """
 import pytest
 
-from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - Slurm fixtures
 from tests.train_helpers import per_step_losses, train
 
 STEP = "08_mixed_precision"  # the cross-step matrix (tests/conftest.py) supplies `script`
@@ -41,14 +40,5 @@ def test_metrics_record_the_peak_memory(script, tiny_data_dir, tmp_path):
         "metrics.json needs peak_memory_bytes and peak_memory_of (task 4)"
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_slurm_08_runs_each_precision(slurm_cluster, slurm_data, tmp_path):  # noqa: F811
-    """slurm/08_mixed_precision.sbatch on the local test cluster: float32, bf16 and fp16 side by side."""
-    run_root = tmp_path / "runs"
-    job = run_job("08_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
-                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=900)
-    job.assert_completed()
-    for amp in ("none", "bf16", "fp16"):
-        assert (job.run_dir / f"amp_{amp}" / "metrics.json").is_file(), f"no metrics.json for --amp {amp}"
-    assert job.out.read_text().count("peak memory") == 3
+# Its Slurm job (slurm/*.sbatch) is tested in tests/test_slurm.py, test_slurm_08_runs_each_precision, with
+# the other job scripts' tests (DESIGN.md), whose jobs run side by side.

@@ -24,6 +24,8 @@ together, `batch`, and run side by side on the two nodes):
 - srun of gpu_select.sh under Slurm's GPU modes: it keeps what Slurm set;
 - 00_gpu_check on a CPU site (passes) and on a GPU site whose torch sees no GPU (fails);
 - 01_profiling on a GPU site without GPUs: fails in one line saying how to submit it.
+- one job of each later step (05, 06, 07 with 7 steps, 08, 09, 11; moved here from their
+  tests/test_NN_*.py): the outputs and checks of each step's job script.
 """
 from __future__ import annotations
 
@@ -841,3 +843,124 @@ def test_slurm_gpu_site_job_without_gpus_fails_in_one_line(slurm_gpus, batch, re
     assert job.state == "FAILED", job.logs()
     errors = error_lines(job.err.read_text())
     assert len(errors) == 1 and "has no GPU; submit it with slurm/submit_all.sh 01_profiling" in errors[0], job.logs()
+
+
+# --------------------------------------------------------------------------- the course's steps
+# One job of each later step's script (moved here from tests/test_NN_*.py: DESIGN.md puts a job
+# script's test in this file), in the batch: they run beside the jobs above.
+@batched("test_slurm_05_ddp_two_tasks")
+def _ddp(root, data):
+    return sbatch("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10",
+                  "--seed", "3", env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_05_ddp_two_tasks(batch, request):
+    """slurm/05_ddp.sbatch: srun starts 2 ranks (rendezvous from the allocation)."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4
+    log = job.logs()
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log
+
+
+@batched("test_slurm_06_two_tasks_then_one_task_evaluates")
+def _exact_metrics(root, data):
+    return sbatch("06_exact_metrics.sbatch", "--epochs", "1", "--batch-size", "2",
+                  "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
+                  run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_06_two_tasks_then_one_task_evaluates(batch, request):
+    """slurm/06_exact_metrics.sbatch: 2 ranks train, then 1 task evaluates the checkpoint: the
+    same validation loss."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    evaluation = json.loads((job.run_dir / "eval.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4
+    assert evaluation["world_size"] == 1
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-6 * abs(metrics["valid_loss"])
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in job.logs()
+
+
+@batched("test_slurm_07_counts_the_syncs_per_step")
+def _host_syncs(root, data):
+    # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's own: 20)
+    return sbatch("07_host_syncs.sbatch", "--batch-size", "2", "--max-steps", "7",
+                  env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_07_counts_the_syncs_per_step(batch, request):
+    """slurm/07_host_syncs.sbatch: two profiled runs, their syncs per step."""
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    out = job.out.read_text()
+    assert "--log-every 1000: host syncs per traced step [0, 0, 0, 0, 0]" in out, out[-2000:]
+    assert "--log-every 1: host syncs per traced step [1, 1, 1, 1, 1]" in out, out[-2000:]
+
+
+@batched("test_slurm_08_runs_each_precision")
+def _mixed_precision(root, data):
+    return sbatch("08_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
+                  env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_08_runs_each_precision(batch, request):
+    """slurm/08_mixed_precision.sbatch: float32, bf16 and fp16 side by side."""
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    for amp in ("none", "bf16", "fp16"):
+        assert (job.run_dir / f"amp_{amp}" / "metrics.json").is_file(), f"no metrics.json for --amp {amp}"
+    assert job.out.read_text().count("peak memory") == 3
+
+
+@batched("test_slurm_efficiency_job_writes_its_table")
+def _efficiency(root, data):
+    return sbatch("09_compile_mfu.sbatch", "--steps", "2", "--no-compile", "--width", "8",
+                  "--batch-size", "4", env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_efficiency_job_writes_its_table(batch, request):
+    """slurm/09_compile_mfu.sbatch: the benchmark's rows, no vendor profiler on a CPU."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    result = json.loads((job.run_dir / "efficiency.json").read_text())
+    rows = result["data"]["rows"]
+    assert [r["row"] for r in rows] == ["06 as is", "+ no host syncs", "+ bf16",
+                                        "+ width 8, batch 4"]
+    assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows)
+    assert (job.run_dir / "efficiency.png").is_file()
+    assert "no vendor profiler run" in job.out.read_text()
+
+
+@batched("test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates")
+def _domain_parallel(root, data):
+    return sbatch("11_domain_parallel.sbatch", "--epochs", "1", "--batch-size", "2",
+                  "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
+                  run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates(batch, request):
+    """slurm/11_domain_parallel.sbatch: srun starts one domain group of 2 tasks (--domain-size =
+    tasks per node), then 1 task evaluates the checkpoint: the same valid loss."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    evaluation = json.loads((job.run_dir / "eval.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 2
+    assert evaluation["world_size"] == 1 and metrics["config"]["domain_size"] == 2
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-5 * abs(metrics["valid_loss"])
+    log = job.logs()
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log
+    assert "1 data x 2 domain ranks" in log, log
