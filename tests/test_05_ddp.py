@@ -158,5 +158,6 @@ def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
 
 
 # --------------------------------------------------------------------------- Slurm
-# Its Slurm job (slurm/*.sbatch) is tested in tests/test_slurm.py, test_slurm_05_ddp_two_tasks, with
-# the other job scripts' tests (DESIGN.md), whose jobs run side by side.
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_05_ddp_two_tasks.

@@ -170,5 +170,6 @@ def test_split_smaller_than_world_is_one_line(script, tiny_data_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-# Its Slurm job (slurm/*.sbatch) is tested in tests/test_slurm.py, test_slurm_06_two_tasks_then_one_task_evaluates, with
-# the other job scripts' tests (DESIGN.md), whose jobs run side by side.
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_06_two_tasks_then_one_task_evaluates.

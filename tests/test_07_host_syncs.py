@@ -79,5 +79,6 @@ def test_log_every_zero_is_a_one_line_error(script, tiny_data_dir, tmp_path):
     assert not (tmp_path / "out").exists(), "nothing may be written"
 
 
-# Its Slurm job (slurm/*.sbatch) is tested in tests/test_slurm.py, test_slurm_07_counts_the_syncs_per_step, with
-# the other job scripts' tests (DESIGN.md), whose jobs run side by side.
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_07_counts_the_syncs_per_step.

@@ -40,5 +40,6 @@ def test_metrics_record_the_peak_memory(script, tiny_data_dir, tmp_path):
         "metrics.json needs peak_memory_bytes and peak_memory_of (task 4)"
 
 
-# Its Slurm job (slurm/*.sbatch) is tested in tests/test_slurm.py, test_slurm_08_runs_each_precision, with
-# the other job scripts' tests (DESIGN.md), whose jobs run side by side.
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_08_runs_each_precision.

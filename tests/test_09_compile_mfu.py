@@ -218,8 +218,9 @@ def test_compile_without_a_compiler_is_one_line_error(script, tiny_data_dir, tmp
     assert not (tmp_path / "out").exists()
 
 
-# Its Slurm job (slurm/*.sbatch) is tested in tests/test_slurm.py, test_slurm_efficiency_job_writes_its_table, with
-# the other job scripts' tests (DESIGN.md), whose jobs run side by side.
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_efficiency_job_writes_its_table.
 
 # -- drift from 05 fixed in 06 (issue 18, "Why" 4 and 5) ------------------------------------------
 

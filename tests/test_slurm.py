@@ -576,8 +576,8 @@ def test_slurm_profiling_writes_trace_summary_and_timeline(batch, request):
 @batched("test_slurm_throughput_sweep_writes_its_table")
 def _throughput(root, data):
     run_root = root / "runs"
-    return sbatch("02_throughput.sbatch", "--workers", "0,1", "--readers", "fast", "--seconds", "0.3",
-                  "--warmup", "1", "--repeats", "1", "--batch-size", "4",
+    return sbatch("02_throughput.sbatch", "--workers", "0,1", "--readers", "fast",
+                  "--seconds", "0.3", "--warmup", "1", "--repeats", "1", "--batch-size", "4",
                   env=job_env(run_root, data), run_root=run_root)
 
 
@@ -598,7 +598,8 @@ def test_slurm_throughput_sweep_writes_its_table(batch, request):
 @batched("test_slurm_affinity_train_binds_each_rank_and_its_workers")
 def _affinity_train(root, data):
     run_root = root / "runs"
-    return sbatch("03_affinity_train.sbatch", "--epochs", "1", "--max-steps", "1", "--batch-size", "8",
+    return sbatch("03_affinity_train.sbatch", "--epochs", "1", "--max-steps", "1",
+                  "--batch-size", "8",
                   env=job_env(run_root, data), run_root=run_root,
                   sbatch_opts=["--ntasks=2", "--cpus-per-task=1"])
 
@@ -682,8 +683,8 @@ def _every_job(tmp_path, data):
     sites = {}
     for vendor in ("nvidia", "amd", "none"):
         root = tmp_path / vendor
-        env = job_env(root / "runs", data, GPU_VENDOR=vendor, GPUS_PER_NODE="2" if vendor != "none" else "0",
-                      CPUS_PER_GPU="1", LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
+        env = job_env(root / "runs", data, GPU_VENDOR=vendor,
+                      GPUS_PER_NODE="2" if vendor != "none" else "0", CPUS_PER_GPU="1", LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
         sites[vendor] = (root, _submit_all(env))
     return sites
 
@@ -805,7 +806,8 @@ def _gpu_check(tmp_path, data):
     return cpu, gpu
 
 
-def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(slurm_gpus, batch, request):
+def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(
+        slurm_gpus, batch, request):
     """00_gpu_check for real. On a CPU site every part runs and the report says no GPU: N/A;
     on a GPU site (GPU_VENDOR=nvidia, a stand-in GPU) where torch sees no GPU the job FAILS,
     so that afterok cancels the rest of the course."""
@@ -884,7 +886,8 @@ def test_slurm_06_two_tasks_then_one_task_evaluates(batch, request):
     evaluation = json.loads((job.run_dir / "eval.json").read_text())
     assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4
     assert evaluation["world_size"] == 1
-    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-6 * abs(metrics["valid_loss"])
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-6 * abs(
+        metrics["valid_loss"])
     assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in job.logs()
 
 
@@ -917,7 +920,7 @@ def test_slurm_08_runs_each_precision(batch, request):
     job = wait(batch[request.node.name], timeout=900)
     job.assert_completed()
     for amp in ("none", "bf16", "fp16"):
-        assert (job.run_dir / f"amp_{amp}" / "metrics.json").is_file(), f"no metrics.json for --amp {amp}"
+        assert (job.run_dir / f"amp_{amp}" / "metrics.json").is_file(), f"no metrics.json: {amp}"
     assert job.out.read_text().count("peak memory") == 3
 
 
@@ -960,7 +963,8 @@ def test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates(batch, reque
     evaluation = json.loads((job.run_dir / "eval.json").read_text())
     assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 2
     assert evaluation["world_size"] == 1 and metrics["config"]["domain_size"] == 2
-    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-5 * abs(metrics["valid_loss"])
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-5 * abs(
+        metrics["valid_loss"])
     log = job.logs()
     assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log
     assert "1 data x 2 domain ranks" in log, log

@@ -154,7 +154,8 @@ def _stats(root, data):
     return sbatch("04_stats_2nodes.sbatch", env=job_env(run_root, data), run_root=run_root)
 
 
-def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(two_nodes, batch, request, serial_stats):  # noqa: F811
+def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(
+        two_nodes, batch, request, serial_stats):  # noqa: F811
     """04_stats_2nodes: 2 x 2 srun tasks, then one torchrun per node (rendezvous on the first node):
     both stats.yaml byte for byte the serial stats.py's. Where each task ran is Slurm's own record:
     srun --error=stats-%N-%t.err creates one file per task, named by its node and task id."""
@@ -289,10 +290,10 @@ def _gpu_placement(tmp_path, data):
 
 
 def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, batch, request):
-    """The GPU variant of 06_exact_metrics_2nodes through submit_all.sh --with-2nodes on a 2-GPU 'NVIDIA'
-    and a 2-GPU 'AMD' site (stand-in GPUs, probe mode): 2 nodes x 2 tasks; rank 2 is local rank 0 of
-    the second node and drives that node's first GPU; on each node the two ranks drive distinct
-    GPUs; the evaluation step is one task on one node with one GPU."""
+    """The GPU variant of 06_exact_metrics_2nodes through submit_all.sh --with-2nodes on a 2-GPU
+    'NVIDIA' and a 2-GPU 'AMD' site (stand-in GPUs, probe mode): 2 nodes x 2 tasks; rank 2 is
+    local rank 0 of the second node and drives that node's first GPU; on each node the two ranks
+    drive distinct GPUs; the evaluation step is one task on one node with one GPU."""
     first, second = two_nodes
     for vendor, (root, job) in batch[request.node.name].items():
         wait(job, timeout=600)
@@ -329,7 +330,8 @@ def _scaling(tmp_path, data):
         f"exec {sys.executable} {SCALING} --launcher srun --ranks 2 4 --modes weak --batch-size 2 "
         f"--max-steps 4 --active 1 --device cpu --data-dir {slurm_data} --out {out}\n"
     )
-    return sbatch(str(script), env=job_env(tmp_path / "runs", slurm_data), run_root=tmp_path / "runs"), out
+    run_root = tmp_path / "runs"
+    return sbatch(str(script), env=job_env(run_root, slurm_data), run_root=run_root), out
 
 
 def test_slurm_2nodes_scaling_places_each_point_on_its_nodes(two_nodes, batch, request):
