@@ -684,7 +684,8 @@ def _every_job(tmp_path, data):
     for vendor in ("nvidia", "amd", "none"):
         root = tmp_path / vendor
         env = job_env(root / "runs", data, GPU_VENDOR=vendor,
-                      GPUS_PER_NODE="2" if vendor != "none" else "0", CPUS_PER_GPU="1", LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
+                      GPUS_PER_NODE="2" if vendor != "none" else "0", CPUS_PER_GPU="1",
+                      LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
         sites[vendor] = (root, _submit_all(env))
     return sites
 
