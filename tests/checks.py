@@ -69,7 +69,8 @@ def require_refused(result, shown: str, fix: str, naming=(), out=None) -> None:
     ok = (result.returncode != 0 and not traceback and len(lines) == 1
           and all(word in result.stderr for word in naming))
     named = f" naming {' and '.join(naming)}" if naming else ""
+    last = f", the last: '{lines[-1][:100]}'" if lines else ""
     require(ok, f"{shown} exited with {result.returncode} and {len(lines)} line(s) on stderr"
-            f"{traceback} (allowed: non-zero, one `error:` line{named}): {fix}")
+            f"{traceback}{last} (allowed: non-zero, one `error:` line{named}): {fix}")
     if out is not None:
         require(not out.exists(), f"{shown} left an output folder: refuse before writing; {fix}")

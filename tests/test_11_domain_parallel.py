@@ -315,6 +315,11 @@ def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(script
 
 
 # --------------------------------------------------------------------------- bad input
+def said(lines) -> str:
+    """', the first: <its start>' for an error message, or nothing."""
+    return f", the first: '{lines[0][:100]}'" if lines else ""
+
+
 def one_line_error(results, out, message, fix):
     """Every rank exits 2 with at most one `error:` line saying `message`, no traceback, and
     nothing written; else one sentence ending in `fix` (its task)."""
@@ -325,7 +330,8 @@ def one_line_error(results, out, message, fix):
     require(all(rc == 2 for rc in codes) and lines and all(message in line for line in lines)
             and not tracebacks and most <= 1,
             f"the ranks exited with {codes}, {len(lines)} error line(s), {tracebacks} "
-            f"traceback(s) (allowed: 2 each, at most one line each, '{message}'): {fix}")
+            f"traceback(s){said(lines)} (allowed: 2 each, at most one line each, '{message}'): "
+            f"{fix}")
     require(not out.exists() or not any(out.iterdir()),
             f"the refused run left files in its output folder: refuse before writing; {fix}")
 
