@@ -33,7 +33,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from wellfno.cli import UserError, run_main
-from wellfno.machine import cpu_model
 
 aten = torch.ops.aten
 
@@ -105,6 +104,11 @@ def _cpuinfo() -> dict[str, str]:
         key, _, value = line.partition(":")
         info[key.strip()] = value.strip()
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name as `lscpu` shows it ("AMD EPYC 7742 64-Core Processor")."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _max_clock_hz(info: dict[str, str]) -> tuple[float | None, str]:

@@ -16,7 +16,7 @@ For each: training samples/s (its metrics.json), FLOP/s = FLOPs per sample (well
 forward + backward) x samples/s, MFU against the device's peak for the precision in use,
 and peak memory (device memory on a GPU; the process's max RSS on a CPU). Rows run round-robin,
 `--repeats` rounds; each number is the best round (interference only slows a run down).
-Writes OUT/efficiency.json (a wellfno.results file: command, machine, rows) and OUT/efficiency.png;
+Writes OUT/efficiency.json (a results file: command, machine, rows) and OUT/efficiency.png;
 the training runs themselves go to a temporary folder (--keep-runs DIR keeps them).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from wellfno import data, flops
 from wellfno.cli import UserError, run_main
 from wellfno.device import pick_device
 from wellfno.model import NextFrameFNO
-from wellfno.resultfiles import write_result
+from benchtools.resultfiles import write_result
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = REPO / "solutions" / "06_exact_metrics" / "fno.py"
