@@ -59,3 +59,18 @@ def run_main_or_fail(call, what: str, fix: str):
         pytest.fail(f"{what} stopped: {refused}; {fix}", pytrace=False)
     sys.stderr.write(stderr.getvalue())
     return result
+
+
+def require_refused(result, shown: str, fix: str, naming=(), out=None) -> None:
+    """`shown` (a run, subprocess.CompletedProcess) was refused in one `error:` line naming
+    `naming`, exit non-zero, no traceback, and left no folder `out`."""
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    traceback = ", a traceback" if "Traceback" in result.stderr else ""
+    ok = (result.returncode != 0 and not traceback and len(lines) == 1
+          and all(word in result.stderr for word in naming))
+    named = f" naming {' and '.join(naming)}" if naming else ""
+    last = f", the last: '{lines[-1][:100]}'" if lines else ""
+    require(ok, f"{shown} exited with {result.returncode} and {len(lines)} line(s) on stderr"
+            f"{traceback}{last} (allowed: non-zero, one `error:` line{named}): {fix}")
+    if out is not None:
+        require(not out.exists(), f"{shown} left an output folder: refuse before writing; {fix}")

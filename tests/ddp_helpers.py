@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from tests.checks import last_error_line, require
 from tests.conftest import PYTHON, REPO
 
 PROBE = Path(__file__).resolve().parent / "ddp_probe"
@@ -76,9 +77,15 @@ def launch(script, world: int, *args, env: dict | None = None, timeout: float = 
     return results
 
 
-def assert_ok(results):
-    """Every rank exited 0; else the failing rank's last lines (its own error, not a dump)."""
+def assert_ok(results, fix: str | None = None):
+    """Every rank exited 0; else the failing rank's last lines (its own error, not a dump).
+
+    With `fix` (what to do, ending in its task: tests/checks.py), a check-your-work failure is one
+    sentence: the rank, its exit status, its error line, and `fix`.
+    """
     for rank, (rc, out, err) in enumerate(results):
+        if fix is not None:
+            require(rc == 0, f"rank {rank} exited with {rc}: {last_error_line(err or out)}; {fix}")
         assert rc == 0, f"rank {rank} exited with {rc}: " + "\n".join((out + err).strip().splitlines()[-15:])
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.checks import last_error_line, require, task
 from tests.conftest import PYTHON, REPO
 from tests.ddp_helpers import (N_TRAIN, SMALL, assert_ok, error_lines, free_port, launch,
                                max_relative_difference,
@@ -34,7 +35,7 @@ def one_rank_run(script, tiny_data_dir, tmp_path_factory):
     results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
                      "--max-steps", "1",
                      "--batch-size", "4", *SMALL)
-    assert_ok(results)
+    assert_ok(results, f"one process must still train as before {task('05', 1)}")
     return out
 
 
@@ -46,15 +47,18 @@ def test_two_ranks_of_b_equal_one_rank_of_2b(script, tiny_data_dir, one_rank_run
     then all-reduce the two means and divide - the same numbers added in another order, and float
     addition is not associative (differences of a few float32 ulps, ~1e-7 relative)."""
     assert_ok(launch(script, 2, "--data-dir", tiny_data_dir, "--out", tmp_path, "--epochs", "1",
-                     "--max-steps", "1", "--batch-size", "2", *SMALL))
+                     "--max-steps", "1", "--batch-size", "2", *SMALL),
+              f"start a process group when launched with 2 ranks {task('05', 1)}")
+    require((tmp_path / "checkpoint.pt").is_file(),
+            f"2 ranks wrote no checkpoint.pt: rank 0 writes it {task('05', 4)}")
     one, two = parameters(one_rank_run / "checkpoint.pt"), parameters(tmp_path / "checkpoint.pt")
-    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 1
+    steps = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"]
+    require(steps == 1, f"2 ranks with --max-steps 1 saved step {steps} (allowed: 1): stop after "
+            f"--max-steps steps of the job, not of a rank {task('05', 2)}")
     worst = max_relative_difference(two, one)
-    assert worst <= 1e-5, (f"2 ranks x 2 samples end the step {worst:.1e} (relative) away from 1 "
-                           "rank x 4, "
-                           "allowed 1e-5: the gradients are not averaged over the ranks (task 3: "
-                           "wrap the "
-                           f"model in DistributedDataParallel)")
+    require(worst <= 1e-5, f"2 ranks x 2 samples end the step {worst:.1e} (relative) away from 1 "
+            "rank x 4 (allowed: 1e-5): the gradients are not averaged over the ranks; wrap the "
+            f"model in DistributedDataParallel {task('05', 3)}")
 
 
 @pytest.mark.slow
@@ -65,27 +69,30 @@ def test_each_rank_trains_its_own_share_and_rank0_writes_alone(script, tiny_data
     results = launch(script, 2, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "2",
                      "--batch-size", "2",
                      *SMALL, env=probe_env(logs))
-    assert_ok(results)
+    assert_ok(results, f"start a process group when launched with 2 ranks {task('05', 1)}")
     seen = read_probe(logs)
     half = N_TRAIN // 2
     for epoch in range(2):
         shares = [seen[rank]["train"][epoch * half:(epoch + 1) * half] for rank in range(2)]
         used = Counter(shares[0] + shares[1])
-        assert sorted(used) == list(range(N_TRAIN)) and max(used.values()) == 1, (
-            f"epoch {epoch + 1}: the 2 ranks read samples {sorted(used.elements())}, not each of "
-            "the "
-            f"{N_TRAIN} once: give each rank its own share (task 2: a DistributedSampler)")
-    assert seen[0]["train"][:half] != seen[0]["train"][half:], \
-        "epoch 2 repeats epoch 1's order on rank 0: call train_sampler.set_epoch(epoch) (task 2)"
-    outside = [w for w in seen[1]["write"] if w.startswith(str(out))]
-    assert not outside, f"rank 1 wrote {[Path(w).name for w in outside]}: rank 0 alone writes (task 4)"
-    assert {Path(w).name for w in seen[0]["write"] if w.startswith(str(out))} >= \
-        {"checkpoint.pt", "metrics.json", "rollout.png"}
-    assert "epoch 1/2" not in results[1][1] and "Wrote" not in results[1][1], \
-        "rank 1 printed the job's lines: only rank 0 speaks (task 4)"
+        require(sorted(used) == list(range(N_TRAIN)) and max(used.values()) == 1,
+                f"epoch {epoch + 1}: the 2 ranks read {len(used)} different samples of "
+                f"{N_TRAIN}, {sum(used.values()) - len(used)} twice (allowed: each once): give "
+                f"each rank its own share with a DistributedSampler {task('05', 2)}")
+    require(seen[0]["train"][:half] != seen[0]["train"][half:],
+            "epoch 2 repeats epoch 1's order on rank 0: call train_sampler.set_epoch(epoch) "
+            f"{task('05', 2)}")
+    outside = sorted(Path(w).name for w in seen[1]["write"] if w.startswith(str(out)))
+    require(not outside, f"rank 1 wrote {', '.join(outside)}: rank 0 alone writes {task('05', 4)}")
+    written = {Path(w).name for w in seen[0]["write"] if w.startswith(str(out))}
+    missing = sorted({"checkpoint.pt", "metrics.json", "rollout.png"} - written)
+    require(not missing, f"rank 0 did not write {', '.join(missing)} {task('05', 4)}")
+    require("epoch 1/2" not in results[1][1] and "Wrote" not in results[1][1],
+            f"rank 1 printed the job's lines: only rank 0 speaks {task('05', 4)}")
     metrics = json.loads((out / "metrics.json").read_text())
-    assert (metrics["world_size"], metrics["global_batch_size"]) == (2, 4), \
-        "metrics.json needs world_size 2 and global_batch_size 4 = 2 ranks x --batch-size 2 (task 5)"
+    got = (metrics.get("world_size"), metrics.get("global_batch_size"))
+    require(got == (2, 4), f"metrics.json has world_size {got[0]} and global_batch_size {got[1]} "
+            f"(allowed: 2 and 4 = 2 ranks x --batch-size 2) {task('05', 5)}")
 
 
 @pytest.mark.slow
@@ -95,25 +102,36 @@ def test_torchrun_two_ranks(script, tiny_data_dir, tmp_path):
                              str(tiny_data_dir),
                              "--out", str(tmp_path), "--epochs", "1", "--batch-size", "2", *SMALL],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, "torchrun with 2 ranks failed (task 1): " + result.stderr[-1500:]
-    assert "Training on 2 rank(s) (torchrun, gloo backend, cpu)" in result.stdout, \
-        "no 'Training on 2 rank(s) (torchrun, gloo backend, cpu)' line (task 1)"
-    assert "global batch 4 = 2 rank(s) x --batch-size 2" in result.stdout, \
-        "no 'global batch 4 = 2 rank(s) x --batch-size 2' line (task 5)"
-    assert result.stdout.count("epoch 1/1") == 1, "the epoch line came from more than one rank (task 4)"
-    assert json.loads((tmp_path / "metrics.json").read_text())["world_size"] == 2
+    require(result.returncode == 0, f"torchrun with 2 ranks exited with {result.returncode}: "
+            f"{last_error_line(result.stderr)} {task('05', 1)}")
+    require("Training on 2 rank(s) (torchrun, gloo backend, cpu)" in result.stdout,
+            f"no 'Training on 2 rank(s) (torchrun, gloo backend, cpu)' line {task('05', 1)}")
+    require("global batch 4 = 2 rank(s) x --batch-size 2" in result.stdout,
+            f"no 'global batch 4 = 2 rank(s) x --batch-size 2' line {task('05', 5)}")
+    epoch_lines = result.stdout.count("epoch 1/1")
+    require(epoch_lines == 1, f"torchrun's 2 ranks printed {epoch_lines} 'epoch 1/1' lines "
+            f"(allowed: 1, rank 0's) {task('05', 4)}")
+    world = json.loads((tmp_path / "metrics.json").read_text()).get("world_size")
+    require(world == 2, f"metrics.json has world_size {world} (allowed: 2) {task('05', 5)}")
 
 
-def test_incomplete_launcher_environment_is_one_line(script, tmp_path):
-    result = subprocess.run([PYTHON, str(script), "--out", str(tmp_path / "o")], cwd=REPO,
+def test_incomplete_launcher_environment_is_one_line(script, tiny_data_dir, tmp_path):
+    # the tiny data and one step: a script that does not refuse ends in seconds, and fails here
+    result = subprocess.run([PYTHON, str(script), "--out", str(tmp_path / "o"), "--data-dir",
+                             str(tiny_data_dir), "--epochs", "1", "--max-steps", "1",
+                             "--bind", "none"], cwd=REPO,
                             capture_output=True,
                             text=True, timeout=120,
                             env={**{k: v for k, v in os.environ.items() if k != "WORLD_SIZE"},
                                  "RANK": "1"})
-    assert result.returncode != 0 and "Traceback" not in result.stderr, \
-        "RANK without WORLD_SIZE must end in one error line, no traceback (task 1: launch_environment)"
-    assert len(error_lines(result.stderr)) == 1 and "WORLD_SIZE" in result.stderr
-    assert not (tmp_path / "o").exists()
+    lines = error_lines(result.stderr)
+    require(result.returncode != 0 and "Traceback" not in result.stderr and len(lines) == 1
+            and "WORLD_SIZE" in result.stderr,
+            f"RANK without WORLD_SIZE exited with {result.returncode} and {len(lines)} error lines "
+            "(allowed: non-zero, one `error:` line naming WORLD_SIZE, no traceback): read the "
+            f"ranks with launch_environment() {task('05', 1)}")
+    require(not (tmp_path / "o").exists(),
+            f"RANK without WORLD_SIZE left an output folder: refuse before writing {task('05', 1)}")
 
 
 @pytest.mark.slow
@@ -122,9 +140,13 @@ def test_nccl_without_gpu_is_one_line(script, tiny_data_dir, tmp_path):
     results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o", "--backend",
                      "nccl")
     rc, _, err = results[0]
-    assert rc != 0 and "Traceback" not in err and len(error_lines(err)) == 1 and "nccl" in err, \
-        "--backend nccl without a GPU must be one error line (task 1: pick_backend)"
-    assert not (tmp_path / "o").exists()
+    lines = error_lines(err)
+    require(rc != 0 and "Traceback" not in err and len(lines) == 1 and "nccl" in err
+            and "unrecognized arguments" not in err,
+            f"--backend nccl without a GPU exited with {rc} and {len(lines)} error lines (allowed: "
+            f"non-zero, one `error:` line naming nccl): pick it with pick_backend {task('05', 1)}")
+    require(not (tmp_path / "o").exists(),
+            f"--backend nccl without a GPU left an output folder {task('05', 1)}")
 
 
 # --------------------------------------------------------------------------- scaling benchmark

@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 import torch
 
+from tests.checks import require, task
 from tests.ddp_helpers import (N_TRAIN, N_VALID, SMALL, assert_ok, error_lines, launch,
                                max_relative_difference,
                                parameters, probe_env, read_probe)
@@ -30,7 +31,8 @@ def one_rank_run(script, tiny_data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("exact_one_rank")
     assert_ok(launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
                      "--max-steps", "1",
-                     "--batch-size", "4", *SMALL))
+                     "--batch-size", "4", *SMALL),
+              f"one process must still train as before {task('06', 1)}")
     return out
 
 
@@ -42,36 +44,42 @@ def test_each_sample_counts_once_and_the_left_out_are_named(script, tiny_data_di
     results = launch(script, 3, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "2",
                      "--batch-size", "2",
                      *SMALL, env=probe_env(logs))
-    assert_ok(results)
+    assert_ok(results, f"3 ranks must train 8 samples {task('06', 2)}")
     seen = read_probe(logs)
     named = [sorted(map(int, re.findall(r"\d+", m))) for m in
              re.findall(r"epoch \d+: training samples \[([\d, ]*)\] left out", results[0][1])]
-    assert len(named) == 2 and all(len(n) == N_TRAIN % 3 for n in named), (
-        f"rank 0 named {len(named)} epochs' left-out samples, expected 2 lines 'epoch N: training "
-        "samples "
-        f"[i, j] left out' (task 2: drop_last and samples_left_out)")
+    require(len(named) == 2 and all(len(n) == N_TRAIN % 3 for n in named),
+            f"rank 0 printed {len(named)} lines 'epoch N: training samples [i, j] left out' in 2 "
+            f"epochs of 8 samples on 3 ranks (allowed: 2, naming 2 samples each): use drop_last "
+            f"and samples_left_out {task('06', 2)}")
     per_epoch = N_TRAIN // 3
     for epoch in range(2):
         used = Counter()
         for rank in range(3):
             mine = seen[rank]["train"][epoch * per_epoch:(epoch + 1) * per_epoch]
-            assert len(seen[rank]["train"]) == 2 * per_epoch, (
-                f"rank {rank} read {len(seen[rank]['train'])} training samples in 2 epochs, "
-                "expected "
-                f"{2 * per_epoch}: padding repeats samples (task 2: drop_last=True)")
+            require(len(seen[rank]["train"]) == 2 * per_epoch,
+                    f"rank {rank} read {len(seen[rank]['train'])} training samples in 2 epochs "
+                    f"(allowed: {2 * per_epoch}): padding repeats samples; use drop_last=True "
+                    f"{task('06', 2)}")
             used.update(mine)
-        assert max(used.values()) == 1, f"epoch {epoch + 1}: a sample was read twice (task 2: drop_last=True)"
-        assert sorted([*used, *named[epoch]]) == list(range(N_TRAIN)), \
-            f"epoch {epoch + 1}: the samples named left out are not the ones no rank read (task 2)"
+        require(max(used.values()) == 1, f"epoch {epoch + 1}: a sample was read "
+                f"{max(used.values())} times (allowed: once): use drop_last=True {task('06', 2)}")
+        require(sorted([*used, *named[epoch]]) == list(range(N_TRAIN)),
+                f"epoch {epoch + 1}: the samples named left out are not the ones no rank read "
+                f"{task('06', 2)}")
     valid = Counter(i for rank in range(3) for i in seen[rank]["valid"])
-    assert valid == Counter({i: 2 for i in range(N_VALID)}), (
-        f"over 2 epochs the ranks read validation samples {dict(valid)}, expected each of the "
-        f"{N_VALID} twice "
-        f"(once an epoch): shard validation over the ranks (task 1)")
+    require(valid == Counter({i: 2 for i in range(N_VALID)}),
+            f"over 2 epochs the 3 ranks read {sum(valid.values())} validation samples (allowed: "
+            f"each of the {N_VALID} once an epoch, {2 * N_VALID}): give each rank its share of the "
+            f"validation split {task('06', 1)}")
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["world_size"] == 3 and metrics["global_batch_size"] == 6
-    assert len(metrics["samples_per_second_per_rank"]) == 3, \
-        "metrics.json needs samples_per_second_per_rank, one number per rank (task 2: over_ranks)"
+    got = (metrics.get("world_size"), metrics.get("global_batch_size"))
+    require(got == (3, 6), f"metrics.json has world_size {got[0]} and global_batch_size {got[1]} "
+            f"(allowed: 3 and 6) {task('05', 5)}")
+    per_rank = metrics.get("samples_per_second_per_rank")
+    require(isinstance(per_rank, list) and len(per_rank) == 3,
+            "metrics.json needs samples_per_second_per_rank, a list of one number per rank (3): "
+            f"make each epoch's row the job's with over_ranks {task('06', 2)}")
 
 
 @pytest.mark.slow
@@ -87,25 +95,31 @@ def test_eval_only_equal_for_1_2_3_ranks(script, tiny_data_dir, one_rank_run, tm
         results = launch(script, world, "--data-dir", tiny_data_dir, "--out", out, "--eval-only",
                          "--batch-size",
                          "3", *SMALL, env=probe_env(logs))
-        assert_ok(results)
+        assert_ok(results, f"--eval-only on {max(world, 1)} rank(s) must evaluate OUT/checkpoint.pt "
+                  f"{task('06', 3)}")
         seen = read_probe(logs)
-        assert not any(seen[r]["train"] for r in seen), "--eval-only read training samples: it must not train (task 3)"
+        require(not any(seen[r]["train"] for r in seen),
+                f"--eval-only read training samples: it must not train {task('06', 3)}")
         read = Counter(i for r in seen for i in seen[r]["valid"])
-        assert read == Counter(range(N_VALID)), \
-            f"--eval-only on {max(world, 1)} rank(s) read validation samples {dict(read)}, not each once (task 1)"
+        require(read == Counter(range(N_VALID)), f"--eval-only on {max(world, 1)} rank(s) read "
+                f"{sum(read.values())} validation samples, {len(read)} different (allowed: each of "
+                f"the {N_VALID} once): no padding, a share per rank {task('06', 1)}")
+        require((out / "eval.json").is_file(), f"--eval-only wrote no eval.json {task('06', 3)}")
         evaluation = json.loads((out / "eval.json").read_text())
-        assert evaluation["world_size"] == max(world, 1)
-        assert (out / "checkpoint.pt").read_bytes() == (one_rank_run / "checkpoint.pt").read_bytes(), \
-            "--eval-only changed checkpoint.pt (task 3)"
+        require(evaluation.get("world_size") == max(world, 1),
+                f"eval.json has world_size {evaluation.get('world_size')} (allowed: "
+                f"{max(world, 1)}) {task('06', 3)}")
+        require((out / "checkpoint.pt").read_bytes() == (one_rank_run / "checkpoint.pt").read_bytes(),
+                f"--eval-only changed checkpoint.pt: it must only read it {task('06', 3)}")
         values[world] = [evaluation["valid_loss"], *evaluation["rollout_vrmse"],
                          *evaluation["persistence_vrmse"]]
     reference = torch.tensor(values[0], dtype=torch.float64)
     for world in (2, 3):
         got = torch.tensor(values[world], dtype=torch.float64)
         worst = ((got - reference).abs() / reference.abs()).max().item()
-        assert worst <= 1e-6, (f"--eval-only on {world} ranks is {worst:.1e} (relative) from 1 "
-                               "rank, allowed "
-                               f"1e-6: add up sums and counts over the ranks, then divide (task 1)")
+        require(worst <= 1e-6, f"--eval-only on {world} ranks is {worst:.1e} (relative) from 1 "
+                "rank (allowed: 1e-6): add up sums and counts over the ranks, then divide "
+                f"{task('06', 1)}")
 
 
 @pytest.mark.slow
@@ -114,18 +128,25 @@ def test_resume_with_another_world_size(script, tiny_data_dir, tmp_path):
     the same global batches either way)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ("--data-dir", tiny_data_dir, *SMALL)
-    assert_ok(launch(script, 0, *common, "--out", straight, "--epochs", "2", "--batch-size", "4"))
-    assert_ok(launch(script, 2, *common, "--out", split, "--epochs", "1", "--batch-size", "2"))
+    assert_ok(launch(script, 0, *common, "--out", straight, "--epochs", "2", "--batch-size", "4"),
+              f"2 epochs on one process must train {task('06', 4)}")
+    assert_ok(launch(script, 2, *common, "--out", split, "--epochs", "1", "--batch-size", "2"),
+              f"1 epoch on 2 ranks must train {task('06', 4)}")
     resumed = launch(script, 0, *common, "--out", split, "--epochs", "2", "--batch-size", "4",
                      "--resume")
-    assert_ok(resumed)
-    assert "trained with 2 rank(s), now 1" in resumed[0][1], \
-        "no 'trained with 2 rank(s), now 1' line on resuming (task 4: world_size in the checkpoint)"
+    assert_ok(resumed, f"--resume on 1 rank of a 2-rank checkpoint must train on {task('06', 4)}")
+    require("trained with 2 rank(s), now 1" in resumed[0][1],
+            "no 'trained with 2 rank(s), now 1' line on resuming: store world_size in the "
+            f"checkpoint {task('06', 4)}")
     state = torch.load(split / "checkpoint.pt", weights_only=True)
-    assert [h["world_size"] for h in state["history"]] == [2, 1] and state["epoch"] == 2
+    worlds = [h.get("world_size") for h in state["history"]]
+    require(worlds == [2, 1] and state["epoch"] == 2,
+            f"the resumed checkpoint is at epoch {state['epoch']}, its history's world sizes "
+            f"{worlds} (allowed: epoch 2, world sizes 2 then 1) {task('06', 4)}")
     worst = max_relative_difference(parameters(split / "checkpoint.pt"),
                                     parameters(straight / "checkpoint.pt"))
-    assert worst <= 1e-5, f"resumed on 1 rank ends {worst:.1e} from a straight run, allowed 1e-5 (task 4)"
+    require(worst <= 1e-5, f"resumed on 1 rank ends {worst:.1e} (relative) from a straight run "
+            f"(allowed: 1e-5) {task('06', 4)}")
 
 
 @pytest.mark.slow
@@ -138,22 +159,32 @@ def test_a_failing_rank_ends_every_rank_within_seconds(script, tiny_data_dir, tm
                      "--batch-size", "1",
                      "--timeout", "600", *SMALL, env=probe_env(fail=f"1:2:{how}"), timeout=240)
     elapsed = time.monotonic() - started
-    assert elapsed < 120, f"rank 1 failed and the job took {elapsed:.0f} s, allowed 120: add the Watchdog (task 5)"
-    assert all(rc != 0 for rc, _, _ in results), [rc for rc, _, _ in results]
-    assert not (out / "checkpoint.pt").exists() and not (out / "metrics.json").exists()
+    require(elapsed < 120, f"rank 1 failed ({how}) and the job took {elapsed:.0f} s (allowed: "
+            f"120): wrap train in the Watchdog {task('06', 5)}")
+    codes = [rc for rc, _, _ in results]
+    require(all(rc != 0 for rc in codes), f"rank 1 failed ({how}) and the ranks exited with "
+            f"{codes} (allowed: non-zero on every rank) {task('06', 5)}")
+    require(not (out / "checkpoint.pt").exists() and not (out / "metrics.json").exists(),
+            f"a failed job left checkpoint.pt or metrics.json: nothing half-written {task('06', 5)}")
     lines = error_lines(results[0][2])
-    assert len(lines) == 1, f"rank 0 printed {len(lines)} error lines, expected 1 naming rank 1 (task 5)"
+    require(len(lines) == 1, f"rank 0 printed {len(lines)} error lines (allowed: 1, naming rank 1) "
+            f"{task('06', 5)}")
     if how == "raise":
-        assert "rank 1" in lines[0] and "injected failure" in lines[0], lines
+        require("rank 1" in lines[0] and "injected failure" in lines[0],
+                f"rank 0's error line does not name rank 1 and its error: {lines[0][:200]} "
+                f"{task('06', 5)}")
 
 
 @pytest.mark.slow
 def test_eval_only_without_checkpoint_is_one_line(script, tiny_data_dir, tmp_path):
     rc, _, err = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
                         "--eval-only", *SMALL)[0]
-    assert rc != 0 and "Traceback" not in err and len(error_lines(err)) == 1 and "checkpoint" in err, \
-        "--eval-only without OUT/checkpoint.pt must be one error line (task 3)"
-    assert not (tmp_path / "o").exists()
+    lines = error_lines(err)
+    require(rc != 0 and "Traceback" not in err and len(lines) == 1 and "checkpoint" in err,
+            f"--eval-only without OUT/checkpoint.pt exited with {rc} and {len(lines)} error lines "
+            f"(allowed: non-zero, one `error:` line naming the checkpoint) {task('06', 3)}")
+    require(not (tmp_path / "o").exists(),
+            f"--eval-only without a checkpoint left an output folder {task('06', 3)}")
 
 
 @pytest.mark.slow
@@ -162,12 +193,16 @@ def test_split_smaller_than_world_is_one_line(script, tiny_data_dir, tmp_path):
     results = launch(script, 3, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
                      "--n-steps-input", "11",
                      "--bind", "none", timeout=180)
-    for rc, _, err in results:
-        assert rc != 0 and "Traceback" not in err, err[-2000:]
+    for rank, (rc, _, err) in enumerate(results):
+        require(rc != 0 and "Traceback" not in err, f"3 ranks for 2 validation samples: rank "
+                f"{rank} exited with {rc}{', a traceback' if 'Traceback' in err else ''} (allowed: "
+                f"non-zero, no traceback) {task('06', 5)}")
     lines = error_lines(results[0][2])
-    assert len(lines) == 1 and "valid split" in lines[0] and "fewer than the 3 ranks" in lines[0], \
-        f"3 ranks for 2 validation samples must be one error line (task 5), got {lines}"
-    assert not (tmp_path / "o").exists()
+    require(len(lines) == 1 and "valid split" in lines[0] and "fewer than the 3 ranks" in lines[0],
+            f"3 ranks for 2 validation samples: rank 0 printed {len(lines)} error lines (allowed: 1, "
+            f"'... valid split ... fewer than the 3 ranks ...') {task('06', 5)}")
+    require(not (tmp_path / "o").exists(), f"3 ranks for 2 samples left an output folder "
+            f"{task('06', 5)}")
 
 
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from profiling import syncs
+from tests.checks import last_error_line, require, task
 from tests.conftest import REPO, run_script
 from tests.train_helpers import RUN, train
 
@@ -20,22 +21,25 @@ STEP = "07_host_syncs"  # the cross-step matrix (tests/conftest.py) supplies `sc
 
 @pytest.mark.slow
 def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, tmp_path):
-    often = train(script, tiny_data_dir, tmp_path / "often", "--max-steps", "3", "--log-every", "1")
+    fix = f"add --log-every {task('07', 1)}"
+    often = train(script, tiny_data_dir, tmp_path / "often", "--max-steps", "3", "--log-every", "1",
+                  fix=fix)
     never = train(script, tiny_data_dir, tmp_path / "never", "--max-steps", "3", "--log-every",
-                  "1000")
+                  "1000", fix=fix)
     logged = (len(often["history"][0].get("loss_log", [])), len(never["history"][0].get("loss_log",
                                                                                         [1])))
-    assert logged == (3,
-                      0), (f"3 steps logged {logged[0]} loss(es) with --log-every 1 and "
-                           f"{logged[1]} with "
-                              "--log-every 1000, expected 3 and 0 (task 1: loss_log every "
-                              "log_every steps)")
-    assert often["train_loss"] == never["train_loss"] and often["valid_loss"] == never["valid_loss"], \
-        "the losses depend on --log-every: reading numbers back must not change them (task 1)"
+    require(logged == (3, 0), f"3 steps logged {logged[0]} loss(es) with --log-every 1 and "
+            f"{logged[1]} with --log-every 1000 (allowed: 3 and 0): append to loss_log every "
+            f"log_every steps {task('07', 1)}")
+    require(often["train_loss"] == never["train_loss"] and often["valid_loss"] == never["valid_loss"],
+            f"the losses depend on --log-every (train_loss {often['train_loss']} with 1, "
+            f"{never['train_loss']} with 1000): reading numbers back must not change them "
+            f"{task('07', 3)}")
     a = torch.load(tmp_path / "often" / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "never" / "checkpoint.pt", weights_only=True)["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a), \
-        "the parameters depend on --log-every: they must be bitwise the same (task 1)"
+    differ = sum(not torch.equal(a[k], b[k]) for k in a)
+    require(differ == 0, f"{differ} of {len(a)} parameter tensors depend on --log-every (allowed: "
+            f"none, bitwise) {task('07', 3)}")
 
 
 def syncs_per_profiled_step(script, data_dir, out, *extra):
@@ -43,7 +47,8 @@ def syncs_per_profiled_step(script, data_dir, out, *extra):
     result = run_script(script, "--data-dir", data_dir, "--out", out, "--epochs", "1",
                         "--batch-size", "1",
                         "--profile", "--max-steps", "10", *extra, timeout=300)
-    assert result.returncode == 0, "the --profile run failed: " + result.stderr[-1500:]
+    require(result.returncode == 0, f"a --profile run with {' '.join(extra) or 'no options'} "
+            f"exited with {result.returncode}: {last_error_line(result.stderr)} {task('07', 1)}")
     (trace_file,) = out.glob("trace_rank0_*.json.gz")
     trace = json.loads(gzip.decompress(trace_file.read_bytes()))
     return [row["syncs"] for row in syncs.host_syncs_per_step(trace)]
@@ -56,27 +61,29 @@ def test_no_host_sync_inside_the_step(script, tiny_data_dir, tmp_path):
     # every step.
     baseline = syncs_per_profiled_step(REPO / "solutions" / "01_profiling" / "fno.py",
                                        tiny_data_dir, tmp_path / "01")
-    assert len(baseline) == 5 and min(baseline) >= 1, f"the baseline loop reads the loss back every step: {baseline}"
+    assert len(baseline) == 5 and min(baseline) >= 1, \
+        f"the reference (solution 01) must read the loss back every step: {baseline}"
     every_step = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1", "--bind", "none",
                                          "--log-every", "1")
-    assert every_step == [1] * 5, (f"--log-every 1: host syncs per step {every_step}, expected one "
-                                   "each "
-                                   f"(the loss read-back) and no more (tasks 1-2)")
+    require(every_step == [1] * 5, f"--log-every 1: host syncs per step {every_step} (allowed: "
+            f"one each, the loss read-back, and no more) {task('07', 1)}")
     never = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1000", "--bind", "none",
                                     "--log-every", "1000")
-    assert never == [0] * 5, (f"--log-every 1000: host syncs per step {never}, expected 0: "
-                              "something in the "
-                              "step still waits for the device (.item(), float(), a copy to the "
-                              "CPU; task 2)")
+    require(never == [0] * 5, f"--log-every 1000: host syncs per step {never} (allowed: 0): "
+            "something in the step still waits for the device (.item(), float(), a copy to the "
+            f"CPU) {task('07', 1)}")
 
 
 def test_log_every_zero_is_a_one_line_error(script, tiny_data_dir, tmp_path):
     result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
                         "--log-every", "0")
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert len(result.stderr.strip().splitlines()) == 1 and "--log-every" in result.stderr, \
-        "--log-every 0 must be one error line (task 1)"
-    assert not (tmp_path / "out").exists(), "nothing may be written"
+    lines = result.stderr.strip().splitlines()
+    require(result.returncode != 0 and "Traceback" not in result.stderr and len(lines) == 1
+            and "--log-every" in result.stderr,
+            f"--log-every 0 exited with {result.returncode} and {len(lines)} lines on stderr "
+            f"(allowed: non-zero, one `error:` line naming --log-every) {task('07', 1)}")
+    require(not (tmp_path / "out").exists(), f"--log-every 0 left an output folder: refuse it "
+            f"before writing {task('07', 1)}")
 
 
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts

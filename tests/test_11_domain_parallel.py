@@ -22,6 +22,7 @@ import time
 import pytest
 import torch
 
+from tests.checks import require, task
 from tests.conftest import PYTHON, REPO
 from tests.test_05_ddp import (
     SMALL,
@@ -42,7 +43,8 @@ def one_rank(script, tiny_data_dir, tmp_path_factory):
     """One rank, --batch-size 4, one step: the reference checkpoint and metrics."""
     out = tmp_path_factory.mktemp("domain_one_rank")
     assert_ok(
-        launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--batch-size", "4", *ONE_STEP)
+        launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--batch-size", "4", *ONE_STEP),
+        f"one process must still train as before {task('11', 1)}",
     )
     return out
 
@@ -56,6 +58,12 @@ def relative(values, reference):
         reference, dtype=torch.float64
     )
     return ((got - ref).abs() / ref.abs()).max().item()
+
+
+def require_close(what: str, worst: float, fix: str, allowed: float = 1e-5) -> None:
+    """`what` is `worst` (relative) from one rank's: one sentence with the allowed figure."""
+    require(worst <= allowed, f"{what} is {worst:.1e} (relative) from one rank's (allowed: "
+            f"{allowed:.0e}): {fix}")
 
 
 @pytest.mark.slow
@@ -76,28 +84,34 @@ def test_a_domain_group_of_2_trains_as_one_rank(script, tiny_data_dir, one_rank,
         "2",
         *ONE_STEP,
     )
-    assert_ok(results)
-    assert "1 data x 2 domain ranks" in results[0][1]
-    assert (
-        max_relative_difference(
-            parameters(tmp_path / "checkpoint.pt"), parameters(one_rank / "checkpoint.pt")
-        )
-        <= 1e-5
+    assert_ok(results, f"add --domain-size {task('11', 1)}")
+    require("1 data x 2 domain ranks" in results[0][1],
+            f"no '1 data x 2 domain ranks: ...' line from rank 0 {task('11', 1)}")
+    worst = max_relative_difference(
+        parameters(tmp_path / "checkpoint.pt"), parameters(one_rank / "checkpoint.pt")
     )
+    require_close("after one step on a domain group of 2 the parameters are", worst,
+                  f"sum the loss shares over the group and register the DDP hook {task('11', 4)}")
     got, ref = metrics(tmp_path), metrics(one_rank)
-    assert (
-        relative([got["train_loss"], got["valid_loss"]], [ref["train_loss"], ref["valid_loss"]])
-        <= 1e-5
+    require_close(
+        "a domain group of 2's train and valid loss",
+        relative([got["train_loss"], got["valid_loss"]], [ref["train_loss"], ref["valid_loss"]]),
+        f"the loss is the mean over the whole sample {task('11', 4)}",
     )
-    assert (
+    require_close(
+        "a domain group of 2's rollout VRMSE",
         relative(
             got["rollout_vrmse"] + got["persistence_vrmse"],
             ref["rollout_vrmse"] + ref["persistence_vrmse"],
-        )
-        <= 1e-5
+        ),
+        f"VRMSE over the whole frame, float64 sums over the group {task('11', 5)}",
     )
-    assert got["history"][0]["samples"] == ref["history"][0]["samples"] == 4
-    assert got["global_batch_size"] == 4 and got["world_size"] == 2
+    samples = (got["history"][0].get("samples"), ref["history"][0].get("samples"))
+    require(samples[0] == samples[1] == 4, f"a domain group of 2 counted {samples[0]} samples in "
+            f"one step of batch 4 (allowed: 4, once per group, as one rank) {task('11', 1)}")
+    shape = (got.get("global_batch_size"), got.get("world_size"))
+    require(shape == (4, 2), f"metrics.json has global_batch_size {shape[0]} and world_size "
+            f"{shape[1]} (allowed: 4 and 2) {task('11', 1)}")
 
 
 @pytest.mark.slow
@@ -117,15 +131,19 @@ def test_2_data_x_2_domain_ranks_equal_one_rank_with_twice_the_batch(
         "2",
         *ONE_STEP,
     )
-    assert_ok(results)
-    assert "global batch 4 = 2 domain group(s) x --batch-size 2" in results[0][1]
-    assert (
-        max_relative_difference(
-            parameters(tmp_path / "checkpoint.pt"), parameters(one_rank / "checkpoint.pt")
-        )
-        <= 1e-5
+    assert_ok(results, f"2 data x 2 domain ranks must train {task('11', 1)}")
+    require("global batch 4 = 2 domain group(s) x --batch-size 2" in results[0][1],
+            f"no 'global batch 4 = 2 domain group(s) x --batch-size 2' line {task('11', 1)}")
+    worst = max_relative_difference(
+        parameters(tmp_path / "checkpoint.pt"), parameters(one_rank / "checkpoint.pt")
     )
-    assert relative([metrics(tmp_path)["train_loss"]], [metrics(one_rank)["train_loss"]]) <= 1e-5
+    require_close("after one step on 2 data x 2 domain ranks the parameters are", worst,
+                  f"the DDP hook divides the sum by the number of data groups {task('11', 4)}")
+    require_close(
+        "2 data x 2 domain ranks' train loss",
+        relative([metrics(tmp_path)["train_loss"]], [metrics(one_rank)["train_loss"]]),
+        f"the loss is the mean over the whole sample {task('11', 4)}",
+    )
 
 
 @pytest.mark.slow
@@ -151,7 +169,8 @@ def test_the_checkpoint_evaluates_alike_on_any_layout(script, tiny_data_dir, one
                 "--domain-size",
                 str(size),
                 *SMALL,
-            )
+            ),
+            f"--eval-only on {max(world, 1) // size} x {size} ranks must evaluate {task('11', 5)}",
         )
         evaluation = json.loads((out / "eval.json").read_text())
         values = [
@@ -159,15 +178,18 @@ def test_the_checkpoint_evaluates_alike_on_any_layout(script, tiny_data_dir, one
             *evaluation["rollout_vrmse"],
             *evaluation["persistence_vrmse"],
         ]
-        assert (out / "checkpoint.pt").read_bytes() == (one_rank / "checkpoint.pt").read_bytes()
+        require(
+            (out / "checkpoint.pt").read_bytes() == (one_rank / "checkpoint.pt").read_bytes(),
+            f"--eval-only changed checkpoint.pt: it must only read it {task('11', 5)}",
+        )
         if reference is None:
             reference = values
         else:
-            assert len(values) == len(reference) and relative(values, reference) <= 1e-5, (
-                world,
-                values,
-                reference,
-            )
+            require(len(values) == len(reference), f"--eval-only on {world // size} x {size} "
+                    f"ranks wrote {len(values)} numbers, one rank {len(reference)} {task('11', 5)}")
+            require_close(f"--eval-only on {world // size} x {size} ranks' valid loss and VRMSE",
+                          relative(values, reference),
+                          f"float64 sums over the slabs, the mean over the group {task('11', 5)}")
 
 
 @pytest.mark.slow
@@ -220,7 +242,8 @@ def test_a_killed_domain_rank_ends_every_rank_within_seconds(script, tiny_data_d
         deadline = time.monotonic() + 180
         while not any("Training on" in line for line in stdout0) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert any("Training on" in line for line in stdout0), "the run never started training"
+        require(any("Training on" in line for line in stdout0),
+                f"a domain group of 2 never started training {task('11', 1)}")
         time.sleep(2)  # in the training loop
         procs[1].send_signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -231,9 +254,12 @@ def test_a_killed_domain_rank_ends_every_rank_within_seconds(script, tiny_data_d
             if p.poll() is None:
                 p.kill()
             p.communicate()
-    assert procs[0].returncode != 0 and elapsed < 60, (procs[0].returncode, elapsed)
+    require(procs[0].returncode != 0 and elapsed < 60, f"rank 1 of a domain group was killed; "
+            f"rank 0 exited with {procs[0].returncode} after {elapsed:.0f} s (allowed: non-zero, "
+            f"60 s): keep train inside the Watchdog {task('06', 5)}")
     lines = error_lines(stderr0)
-    assert len(lines) == 1 and "rank 1" in lines[0], stderr0[-3000:]
+    require(len(lines) == 1 and "rank 1" in lines[0], f"rank 0 printed {len(lines)} error lines "
+            f"(allowed: 1, naming rank 1) {task('06', 5)}")
 
 
 @pytest.mark.slow
@@ -267,28 +293,41 @@ def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(script
     for world, extra in ((0, ()), (2, ("--checkpoint-blocks",)), (3, ())):
         out = tmp_path / f"w{world}"
         size = ("--domain-size", str(world)) if world else ()
-        assert_ok(launch(script, world, *common, "--out", out, *size, *extra))
+        assert_ok(launch(script, world, *common, "--out", out, *size, *extra),
+                  f"a 3-D grid on {max(world, 1)} domain rank(s) must train {task('11', 3)}")
         runs[world] = out
     for world in (2, 3):
-        assert (
-            max_relative_difference(
-                parameters(runs[world] / "checkpoint.pt"), parameters(runs[0] / "checkpoint.pt")
-            )
-            <= 1e-5
-        ), world
+        worst = max_relative_difference(
+            parameters(runs[world] / "checkpoint.pt"), parameters(runs[0] / "checkpoint.pt")
+        )
+        require_close(f"a 3-D step on {world} domain ranks' parameters are", worst,
+                      f"the spectral convolution on 3-D slabs, an odd axis too {task('11', 2)}")
         got, ref = metrics(runs[world]), metrics(runs[0])
-        assert relative(got["rollout_vrmse"], ref["rollout_vrmse"]) <= 1e-5, world
+        require_close(f"a 3-D rollout VRMSE on {world} domain ranks",
+                      relative(got["rollout_vrmse"], ref["rollout_vrmse"]),
+                      f"VRMSE over the whole frame {task('11', 5)}")
 
 
 # --------------------------------------------------------------------------- bad input
-def one_line_error(results, out, message):
-    assert all(rc == 2 for rc, _, _ in results), [(rc, err[-2000:]) for rc, _, err in results]
+def said(lines) -> str:
+    """', the first: <its start>' for an error message, or nothing."""
+    return f", the first: '{lines[0][:100]}'" if lines else ""
+
+
+def one_line_error(results, out, message, fix):
+    """Every rank exits 2 with at most one `error:` line saying `message`, no traceback, and
+    nothing written; else one sentence ending in `fix` (its task)."""
+    codes = [rc for rc, _, _ in results]
     lines = [line for _, _, err in results for line in error_lines(err)]
-    assert lines and all(message in line for line in lines), lines
-    for _, _, err in results:
-        assert "Traceback" not in err, err[-3000:]
-        assert len(error_lines(err)) <= 1
-    assert not out.exists() or not any(out.iterdir()), "nothing may be written"
+    tracebacks = sum("Traceback" in err for _, _, err in results)
+    most = max(len(error_lines(err)) for _, _, err in results)
+    require(all(rc == 2 for rc in codes) and lines and all(message in line for line in lines)
+            and not tracebacks and most <= 1,
+            f"the ranks exited with {codes}, {len(lines)} error line(s), {tracebacks} "
+            f"traceback(s){said(lines)} (allowed: 2 each, at most one line each, '{message}'): "
+            f"{fix}")
+    require(not out.exists() or not any(out.iterdir()),
+            f"the refused run left files in its output folder: refuse before writing; {fix}")
 
 
 def test_a_world_the_grid_does_not_divide_is_one_line(script, tiny_data_dir, tmp_path):
@@ -296,7 +335,8 @@ def test_a_world_the_grid_does_not_divide_is_one_line(script, tiny_data_dir, tmp
     results = launch(
         script, 0, "--data-dir", tiny_data_dir, "--out", out, "--domain-size", "2", *ONE_STEP
     )
-    one_line_error(results, out, "do not divide into domain groups of 2")
+    one_line_error(results, out, "do not divide into domain groups of 2",
+                   f"refuse it with wellfno.domain's ProcessGrid {task('11', 1)}")
 
 
 def test_more_domain_ranks_than_rows_is_one_line(script, tiny_data_dir, tmp_path):
@@ -306,7 +346,8 @@ def test_more_domain_ranks_than_rows_is_one_line(script, tiny_data_dir, tmp_path
         script, 0, "--data-dir", tiny_data_dir, "--out", out, "--domain-size", "17", *ONE_STEP
     )
     one_line_error(
-        results, out, "--domain-size 17 is more than the 16 cells of the first spatial axis"
+        results, out, "--domain-size 17 is more than the 16 cells of the first spatial axis",
+        f"check the grid before the ranks {task('11', 1)}",
     )
 
 
@@ -326,7 +367,8 @@ def test_modes_too_few_to_share_is_one_line(script, tiny_data_dir, tmp_path):
         "1",
         *ONE_STEP,
     )
-    one_line_error(results, out, "fewer than the 2 domain ranks")
+    one_line_error(results, out, "fewer than the 2 domain ranks",
+                   f"share the modes out only when each rank gets some {task('11', 2)}")
 
 
 @pytest.mark.slow
@@ -349,13 +391,16 @@ def test_a_checkpoint_of_another_model_size_is_one_line(script, tiny_data_dir, o
         "--resume",
         *ONE_STEP,
     )
-    assert all(rc == 2 for rc, _, _ in results), [err[-2000:] for _, _, err in results]
+    codes = [rc for rc, _, _ in results]
     lines = [line for _, _, err in results for line in error_lines(err)]
-    assert lines and all("trained with other settings" in line for line in lines), lines
-    assert (
-        sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
-        and (out / "checkpoint.pt").read_bytes() == before
-    )
+    require(all(rc == 2 for rc in codes) and lines
+            and all("trained with other settings" in line for line in lines),
+            f"--resume with another --width: the ranks exited with {codes} and {len(lines)} error "
+            "line(s) (allowed: 2 each, '... was trained with other settings ...', as fno.py says "
+            f"it): keep the serial model's state_dict {task('11', 3)}")
+    require(sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
+            and (out / "checkpoint.pt").read_bytes() == before,
+            f"the refused --resume changed the output folder {task('11', 5)}")
 
 
 # --------------------------------------------------------------------------- Slurm

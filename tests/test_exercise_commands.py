@@ -12,8 +12,8 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
   check-your-work commands, which the suite runs anyway); always give the reason.
   `<!-- ci: fails (reason) -->`: must exit non-zero (a "break it" recipe).
 - The participant's own file is in place, finished, before the blocks run: PARTICIPANT maps
-  each exercise to (path in the copy, the finished file). For 01-03 that is `fno.py` = the
-  step's solution; for 04 `my_stats.py` = the starter with the test's answers
+  each exercise to (path in the copy, the finished file). For 01-03 and 05-11 that is `fno.py`
+  = the step's solution; for 04 `my_stats.py` = the starter with the test's answers
   (tests/test_stats_distributed.py: finished_starter).
 - Data: WELL_DATA is the tiny generated dataset (the `tiny_data_dir` fixture, 16x16 cells,
   12 frames), which is what `fno.py` and every README command read by default; every process
@@ -22,13 +22,17 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
 - A block that fails (or a `fails` block that succeeds) fails the test with one line: the
   README, the block's line, its exit status and its last line of output.
 
-Adding exercise 05: add `"05_ddp": ("fno.py", lambda tmp: REPO / "solutions/05_ddp/fno.py")` to
-PARTICIPANT (the file its participant edits, and what a finished one is). The command test is
-`slow` (one to two minutes for 01-04 on 2 cores: each block starts Python and imports torch).
+Adding an exercise: one line in PARTICIPANT (the file its participant edits, and what a
+finished one is). The command test is `slow`: each block starts Python and imports torch, and
+torchrun blocks start one process per rank more. What the READMEs skip, each with its reason on
+the marker: GPU and Slurm commands, check-your-work (the suite runs it), torch.compile (a
+minute or two on a CPU; tests/test_09_compile_mfu.py compiles), and benchmarks of minutes.
 
 Also here, quick: each README's task times add up to its `## Tasks (N minutes)` and to its
 slot in INSTRUCTORS.md: the core track's row (slot and time of day) or the optional steps'
-table (the README's *Optional* tasks are outside the slot).
+table (the README's *Optional* tasks are outside the slot), for the exercises in TIMED (01-04;
+05-11 have no `## Tasks (N minutes)` heading yet). And every command of every block, skipped or
+not, starts the venv's python and torchrun and gives a training run its own `--out`.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, STEPS
 
 
 
@@ -57,8 +61,13 @@ PARTICIPANT = {
     "02_data_pipeline": ("fno.py", lambda tmp: REPO / "solutions/02_data_pipeline/fno.py"),
     "03_affinity": ("fno.py", lambda tmp: REPO / "solutions/03_affinity/fno.py"),
     "04_distributed_stats": ("my_stats.py", finished_stats),
+    **{step: ("fno.py", lambda tmp, step=step: REPO / STEPS[step])
+       for step in ("05_ddp", "06_exact_metrics", "07_host_syncs", "08_mixed_precision",
+                    "09_compile_mfu", "10_checkpointing", "11_domain_parallel")},
 }
 EXERCISES = list(PARTICIPANT)
+# the exercises whose README has `## Tasks (N minutes)` and a slot in INSTRUCTORS.md's agenda
+TIMED = ["01_profiling", "02_data_pipeline", "03_affinity", "04_distributed_stats"]
 BLOCK_TIMEOUT = 300
 FENCE = re.compile(r"^(?P<indent> *)```bash\s*$")
 MARKER = re.compile(r"^\s*<!-- ci: (?P<kind>skip|fails) \((?P<reason>[^)]+)\) -->\s*$")
@@ -133,13 +142,37 @@ def run_block(text: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
+BARE = re.compile(r"(?:^|[\s;&|(])(?P<tool>python3?|torchrun|pip3?)\s")
+# a training run: python or torchrun (and its options) starting some fno.py
+TRAINING = re.compile(r"\.venv/bin/(?:python|torchrun)(?:\s+-\S+(?:\s+\d+)?)*\s+(?:\S*/)?fno\.py\b")
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_commands_use_the_venv_and_their_own_output_folder(exercise):
+    """`python` is not the venv's on a participant's laptop (no torch there), and a training run
+    without --out writes runs/baseline, where the previous task's files still lie."""
+    readme = REPO / "exercises" / exercise / "README.md"
+    for block in bash_blocks(readme):
+        command = re.sub(r"\\\n\s*", " ", block["text"])  # continuation lines joined
+        command = re.sub(r'"[^"]*"', '""', command)  # python -c "..." programs are not commands
+        for line in command.splitlines():
+            line = line.split("#")[0]
+            bare = BARE.search(line)
+            assert not bare, (f"{readme.relative_to(REPO)}, the block at line {block['line']}: "
+                              f"`{bare.group('tool')}` is not the venv's: write "
+                              f".venv/bin/{bare.group('tool')}")
+            if TRAINING.search(line):
+                assert "--out" in line, (f"{readme.relative_to(REPO)}, the block at line "
+                                         f"{block['line']}: a training run without --out")
+
+
 TASKS = re.compile(r"^## Tasks \((?P<minutes>\d+) minutes\)$", re.M)
 TASK_TIME = re.compile(r"^\d+\. \*\*[^\n]*?(?P<minutes>\d+) min\)", re.M)
 AGENDA_ROW = re.compile(r"^\| (?P<start>\d\d):(?P<start_m>\d\d)–(?P<end>\d\d):(?P<end_m>\d\d) \| "
                         r"[^|]*?\((?P<slot>\d+) min[^|]*\| (?P<rest>.*)$", re.M)
 
 
-@pytest.mark.parametrize("exercise", EXERCISES)
+@pytest.mark.parametrize("exercise", TIMED)
 def test_task_times_add_up_to_the_slot(exercise):
     text = (REPO / "exercises" / exercise / "README.md").read_text()
     heading = TASKS.search(text)
@@ -185,6 +218,13 @@ def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_pa
                                 "MASTER_", "TORCHELASTIC", "STATS_"))}
     env.update(WELL_DATA=str(tiny_data_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                MPLBACKEND="Agg")
+    from tests.test_08_mixed_precision import as_cpu, this_cpu_has_bf16_units
+
+    if not this_cpu_has_bf16_units():
+        # The READMEs' `--amp bf16` commands are for a CPU or GPU with bf16 units (exercise 08
+        # says a CPU without them refuses it in one line, tests/test_08_mixed_precision.py):
+        # here they run as on a recorded CPU that has them (tests/cpu_seam).
+        env.update(as_cpu("intel_xeon_amx"))
     for block in blocks:
         if block["kind"] == "skip":
             continue
