@@ -115,3 +115,19 @@ def read_probe(log_dir: Path) -> dict:
 def error_lines(text: str) -> list[str]:
     """The `error: ...` lines (one may follow a progress bar that ended without a newline)."""
     return re.findall(r"(?:^|[\r\n]|\]|\s)(error: [^\r\n]*)", text)
+
+
+ONE_RANK_STEP = ("--epochs", "1", "--max-steps", "1", "--batch-size", "4", *SMALL)
+
+
+def one_rank_reference(finished_run, script, data_dir) -> Path:
+    """The output folder of one rank, --batch-size 4, one step: the reference that exercises 05, 06
+    and 11 compare their ranks with and evaluate. One plain run in the test process
+    (conftest.py's finished_run: no launcher, nothing about the process is checked on it), shared
+    by the three modules on the last solution."""
+    return finished_run(script, data_dir, *ONE_RANK_STEP)[0]
+
+
+def in_process(completed) -> list:
+    """[(rc, stdout, stderr)] as `launch(script, 0, ...)` gives them, from conftest.py's exit_of."""
+    return [(completed.returncode, completed.stdout, completed.stderr)]

@@ -10,7 +10,6 @@ training samples (4 trajectories x 2 windows): 2 ranks divide them.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -19,8 +18,9 @@ import pytest
 import torch
 
 from tests.conftest import PYTHON, REPO
+from tests.conftest import exit_of
 from tests.ddp_helpers import (N_TRAIN, SMALL, assert_ok, error_lines, free_port, launch,
-                               max_relative_difference,
+                               max_relative_difference, one_rank_reference,
                                parameters, probe_env, read_probe)
 # noqa: F401 - fixtures of the Slurm tests
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data
@@ -30,14 +30,9 @@ STEP = "05_ddp"
 
 
 @pytest.fixture(scope="module")
-def one_rank_run(script, tiny_data_dir, tmp_path_factory):
+def one_rank_run(script, tiny_data_dir, finished_run):
     """A checkpoint from one rank, --batch-size 4, one step (the reference of the equivalence test)."""
-    out = tmp_path_factory.mktemp("ddp_one_rank")
-    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
-                     "--max-steps", "1",
-                     "--batch-size", "4", *SMALL)
-    assert_ok(results)
-    return out
+    return one_rank_reference(finished_run, script, tiny_data_dir)
 
 
 @pytest.mark.slow
@@ -106,12 +101,12 @@ def test_torchrun_two_ranks(script, tiny_data_dir, tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["world_size"] == 2
 
 
-def test_incomplete_launcher_environment_is_one_line(script, tmp_path):
-    result = subprocess.run([PYTHON, str(script), "--out", str(tmp_path / "o")], cwd=REPO,
-                            capture_output=True,
-                            text=True, timeout=120,
-                            env={**{k: v for k, v in os.environ.items() if k != "WORLD_SIZE"},
-                                 "RANK": "1"})
+def test_incomplete_launcher_environment_is_one_line(script_module, tmp_path, monkeypatch):
+    # in this process (conftest.py's exit_of): the script reads the launcher's variables from
+    # os.environ, as a process started with them would
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    result = exit_of(script_module, "--out", tmp_path / "o")
     assert result.returncode != 0 and "Traceback" not in result.stderr, \
         "RANK without WORLD_SIZE must end in one error line, no traceback (task 1: launch_environment)"
     assert len(error_lines(result.stderr)) == 1 and "WORLD_SIZE" in result.stderr
@@ -120,10 +115,10 @@ def test_incomplete_launcher_environment_is_one_line(script, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
-def test_nccl_without_gpu_is_one_line(script, tiny_data_dir, tmp_path):
-    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o", "--backend",
-                     "nccl")
-    rc, _, err = results[0]
+def test_nccl_without_gpu_is_one_line(script_module, tiny_data_dir, tmp_path):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
+                     "--backend", "nccl")
+    rc, err = result.returncode, result.stderr
     assert rc != 0 and "Traceback" not in err and len(error_lines(err)) == 1 and "nccl" in err, \
         "--backend nccl without a GPU must be one error line (task 1: pick_backend)"
     assert not (tmp_path / "o").exists()

@@ -17,8 +17,9 @@ from collections import Counter
 import pytest
 import torch
 
+from tests.conftest import exit_of
 from tests.ddp_helpers import (N_TRAIN, N_VALID, SMALL, assert_ok, error_lines, launch,
-                               max_relative_difference,
+                               in_process, max_relative_difference, one_rank_reference,
                                parameters, probe_env, read_probe)
 # noqa: F401 - fixtures of the Slurm tests
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data
@@ -27,13 +28,9 @@ STEP = "06_exact_metrics"  # the cross-step matrix (tests/conftest.py) supplies 
 
 
 @pytest.fixture(scope="module")
-def one_rank_run(script, tiny_data_dir, tmp_path_factory):
+def one_rank_run(script, tiny_data_dir, finished_run):
     """A checkpoint from one rank, --batch-size 4, one step (what --eval-only evaluates)."""
-    out = tmp_path_factory.mktemp("exact_one_rank")
-    assert_ok(launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
-                     "--max-steps", "1",
-                     "--batch-size", "4", *SMALL))
-    return out
+    return one_rank_reference(finished_run, script, tiny_data_dir)
 
 
 @pytest.mark.slow
@@ -111,15 +108,16 @@ def test_eval_only_equal_for_1_2_3_ranks(script, tiny_data_dir, one_rank_run, tm
 
 
 @pytest.mark.slow
-def test_resume_with_another_world_size(script, tiny_data_dir, tmp_path):
+def test_resume_with_another_world_size(script, script_module, tiny_data_dir, tmp_path):
     """Epoch 1 on 2 ranks x 2, epoch 2 resumed on 1 rank x 4 == both epochs on 1 rank x 4 (8 samples:
-    the same global batches either way)."""
+    the same global batches either way). The runs on one rank are plain runs in this process."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ("--data-dir", tiny_data_dir, *SMALL)
-    assert_ok(launch(script, 0, *common, "--out", straight, "--epochs", "2", "--batch-size", "4"))
+    assert_ok(in_process(exit_of(script_module, *common, "--out", straight, "--epochs", "2",
+                                 "--batch-size", "4")))
     assert_ok(launch(script, 2, *common, "--out", split, "--epochs", "1", "--batch-size", "2"))
-    resumed = launch(script, 0, *common, "--out", split, "--epochs", "2", "--batch-size", "4",
-                     "--resume")
+    resumed = in_process(exit_of(script_module, *common, "--out", split, "--epochs", "2",
+                                 "--batch-size", "4", "--resume"))
     assert_ok(resumed)
     assert "trained with 2 rank(s), now 1" in resumed[0][1], \
         "no 'trained with 2 rank(s), now 1' line on resuming (task 4: world_size in the checkpoint)"
@@ -150,9 +148,10 @@ def test_a_failing_rank_ends_every_rank_within_seconds(script, tiny_data_dir, tm
 
 
 @pytest.mark.slow
-def test_eval_only_without_checkpoint_is_one_line(script, tiny_data_dir, tmp_path):
-    rc, _, err = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
-                        "--eval-only", *SMALL)[0]
+def test_eval_only_without_checkpoint_is_one_line(script_module, tiny_data_dir, tmp_path):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
+                     "--eval-only", *SMALL)
+    rc, err = result.returncode, result.stderr
     assert rc != 0 and "Traceback" not in err and len(error_lines(err)) == 1 and "checkpoint" in err, \
         "--eval-only without OUT/checkpoint.pt must be one error line (task 3)"
     assert not (tmp_path / "o").exists()

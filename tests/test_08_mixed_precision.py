@@ -7,9 +7,10 @@ Runs the script on the tiny generated data and compares low-precision runs with 
 import pytest
 
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - Slurm fixtures
-from tests.train_helpers import per_step_losses, train
+from tests.train_helpers import per_step_losses, run_once
 
 STEP = "08_mixed_precision"  # the cross-step matrix (tests/conftest.py) supplies `script`
+STEPS = ["--max-steps", "5", "--log-every", "1"]
 
 
 # Tolerance for low precision: bf16 rounds each element to 8 significant bits (relative 2^-9 =
@@ -22,10 +23,10 @@ STEP = "08_mixed_precision"  # the cross-step matrix (tests/conftest.py) supplie
 # autocast did nothing.
 @pytest.mark.slow
 @pytest.mark.parametrize("amp, tolerance", [("bf16", 1e-3), ("fp16", 1e-4)])
-def test_mixed_precision_tracks_float32(script, tiny_data_dir, tmp_path, amp, tolerance):
-    steps = ["--max-steps", "5", "--log-every", "1"]
-    reference = per_step_losses(train(script, tiny_data_dir, tmp_path / "fp32", *steps))
-    low = per_step_losses(train(script, tiny_data_dir, tmp_path / amp, *steps, "--amp", amp))
+def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, amp, tolerance):
+    # the float32 reference: one run for both precisions (and the peak-memory check)
+    reference = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS)[0])
+    low = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS, "--amp", amp)[0])
     assert len(low) == len(reference) == 5
     relative = [abs(a - b) / b for a, b in zip(low, reference)]
     assert max(relative) < tolerance, (f"--amp {amp}: the loss is {max(relative):.1e} (relative) "
@@ -35,8 +36,8 @@ def test_mixed_precision_tracks_float32(script, tiny_data_dir, tmp_path, amp, to
     assert max(relative) > 0, f"--amp {amp} gave exactly the float32 losses: autocast the forward pass (task 1)"
 
 @pytest.mark.slow
-def test_metrics_record_the_peak_memory(script, tiny_data_dir, tmp_path):
-    metrics = train(script, tiny_data_dir, tmp_path / "run", "--max-steps", "2")
+def test_metrics_record_the_peak_memory(script, tiny_data_dir, finished_run):
+    metrics = run_once(finished_run, script, tiny_data_dir, *STEPS)[0]  # the float32 reference
     assert metrics["peak_memory_bytes"] > 0 and metrics["peak_memory_of"], \
         "metrics.json needs peak_memory_bytes and peak_memory_of (task 4)"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from profiling import syncs
-from tests.conftest import REPO, call_main, run_script
-from tests.train_helpers import RUN, per_step_losses, train
+from tests.conftest import REPO, call_main, exit_of, run_script
+from tests.train_helpers import RUN, per_step_losses, run_once, train
 from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 (fixtures)
 from wellfno import flops
 
@@ -155,10 +155,9 @@ STEP = "09_compile_mfu"  # the cross-step matrix (tests/conftest.py) supplies `s
 
 
 @pytest.mark.slow
-def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, tmp_path):
-    metrics = train(script, tiny_data_dir, tmp_path / "run", "--max-steps", "2", "--width", "8",
-                    "--modes", "4",
-                    "--layers", "2")
+def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, finished_run):
+    metrics = run_once(finished_run, script, tiny_data_dir, "--max-steps", "2", "--width", "8",
+                       "--modes", "4", "--layers", "2")[0]
     # The script's count is the one wellfno.flops gives for the same model and input size.
     from wellfno.model import NextFrameFNO
 
@@ -176,9 +175,9 @@ def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, tmp_path):
 
 # torch.compile only reorders and fuses float32 arithmetic: the same losses to float32 rounding.
 @pytest.mark.slow
-def test_compile_tracks_float32(script, tiny_data_dir, tmp_path):
+def test_compile_tracks_float32(script, tiny_data_dir, finished_run, tmp_path):
     steps = ["--max-steps", "3", "--log-every", "1"]
-    reference = train(script, tiny_data_dir, tmp_path / "eager", *steps)
+    reference = run_once(finished_run, script, tiny_data_dir, *steps)[0]  # also exercise 07's run
     compiled = train(script, tiny_data_dir, tmp_path / "compiled", *steps, "--compile", timeout=900)
     assert per_step_losses(compiled) == pytest.approx(per_step_losses(reference), rel=1e-4)
     assert compiled["compile_seconds"] > 0
@@ -191,18 +190,19 @@ def test_compile_tracks_float32(script, tiny_data_dir, tmp_path):
     pytest.param(["--nvtx", "--device", "cpu"], "--nvtx", marks=pytest.mark.slow),
     pytest.param(["--nvtx", "--profile"], "one at a time", marks=pytest.mark.slow),
 ])
-def test_impossible_values_are_one_line_errors(script, tiny_data_dir, tmp_path, options, message):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
-                        *options)
+def test_impossible_values_are_one_line_errors(script_module, tiny_data_dir, tmp_path, options,
+                                               message):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                     *options)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
     assert not (tmp_path / "out").exists(), "nothing may be written"
 
 
 @pytest.mark.slow
-def test_modes_beyond_the_grid_is_one_line_error(script, tiny_data_dir, tmp_path):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
-                        "--modes", "17")
+def test_modes_beyond_the_grid_is_one_line_error(script_module, tiny_data_dir, tmp_path):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                     "--modes", "17")
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1 and "--modes" in result.stderr and "16" in result.stderr
     assert not (tmp_path / "out").exists()

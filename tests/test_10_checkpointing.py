@@ -14,7 +14,6 @@ import json
 import pytest
 import torch
 
-from tests.conftest import run_script
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.model import NextFrameFNO
 
@@ -88,20 +87,21 @@ def test_blocks_run_again_in_the_backward_and_keep_less():
     assert saved["checkpointed"] < 0.6 * saved["plain"], saved
 
 
-def train(script, data_dir, out, *extra):
-    result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, json.loads((out / "metrics.json").read_text())
+def train(finished_run, script, data_dir, *extra):
+    """(stdout, metrics.json, output folder) of one in-process run (conftest.py's finished_run)."""
+    out, stdout = finished_run(script, data_dir, *RUN, *extra)
+    return stdout, json.loads((out / "metrics.json").read_text()), out
 
 
 @pytest.mark.slow
-def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, tmp_path):
-    _, plain = train(script, tiny_data_dir, tmp_path / "plain")
-    result, checkpointed = train(script, tiny_data_dir, tmp_path / "ckpt", "--checkpoint-blocks")
-    assert "blocks checkpointed" in result.stdout  # the memory estimate knows it
+def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, finished_run):
+    _, plain, plain_out = train(finished_run, script, tiny_data_dir)
+    stdout, checkpointed, ckpt_out = train(finished_run, script, tiny_data_dir,
+                                           "--checkpoint-blocks")
+    assert "blocks checkpointed" in stdout  # the memory estimate knows it
     assert checkpointed["history"][0]["loss_log"] == plain["history"][0]["loss_log"]
-    a = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=True)["model"]
+    a = torch.load(plain_out / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(ckpt_out / "checkpoint.pt", weights_only=True)["model"]
     assert a.keys() == b.keys() and all(
         torch.equal(a[k], b[k]) for k in a
     ), "bitwise the same parameters"

@@ -1,4 +1,4 @@
-"""What the checks of exercises 07-09 share: one training run of the script on the tiny data."""
+"""What the checks of exercises 07-10 share: runs of the script on the tiny data."""
 import json
 
 from tests.conftest import run_script
@@ -7,10 +7,21 @@ RUN = ["--epochs", "1", "--batch-size", "8", "--bind", "none"]
 
 
 def train(script, data_dir, out, *extra, timeout=300):
-    """One run of `script` on the tiny data; its metrics.json."""
+    """One run of `script` on the tiny data in its own process; its metrics.json.
+
+    For what needs a process of its own (--compile: the compiler's state stays in the process);
+    the other checks share in-process runs (`run_once`)."""
     result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra, timeout=timeout)
     assert result.returncode == 0, f"{script.name} {' '.join(map(str, extra))} failed: " + result.stderr[-1500:]
     return json.loads((out / "metrics.json").read_text())
+
+
+def run_once(finished_run, script, data_dir, *extra):
+    """(metrics.json, output folder, stdout) of `script` RUN + extra on the tiny data: one run in
+    this process per distinct command and session (conftest.py's `finished_run`), shared by every
+    check that reads it. The folder is shared: read it, do not change it."""
+    out, stdout = finished_run(script, data_dir, *RUN, *extra)
+    return json.loads((out / "metrics.json").read_text()), out, stdout
 
 
 def per_step_losses(metrics):
