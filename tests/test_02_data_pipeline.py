@@ -15,7 +15,8 @@ from tests.conftest import call_main, exit_of, run_script
 from wellfno.cli import UserError
 
 STEP = "02_data_pipeline"
-FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4"]
+# a small model: what these check does not depend on its size, the runs' time does
+FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4", "--width", "8", "--modes", "4"]
 
 
 @pytest.fixture(scope="module")

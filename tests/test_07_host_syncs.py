@@ -44,9 +44,10 @@ def syncs_per_profiled_step(finished_run, script, data_dir, *extra):
     """Host syncs (profiling/syncs.py) in each step of a --profile window: steps 5-9 of 10.
 
     The run is in this process (the profiler traces the run's own operators, and nothing else
-    runs here meanwhile), once per session: step 01's baseline serves every solution's check."""
+    runs here meanwhile), once per session: step 01's baseline serves every solution's check.
+    A small model: the syncs per step do not depend on its size, the profiled run's time does."""
     out, _ = finished_run(script, data_dir, "--epochs", "1", "--batch-size", "1", "--profile",
-                          "--max-steps", "10", *extra)
+                          "--max-steps", "10", "--width", "8", "--modes", "4", *extra)
     (trace_file,) = out.glob("trace_rank0_*.json.gz")
     trace = json.loads(gzip.decompress(trace_file.read_bytes()))
     return [row["syncs"] for row in syncs.host_syncs_per_step(trace)]

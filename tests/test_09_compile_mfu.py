@@ -326,7 +326,8 @@ def test_profile_table_key_from_traces(script_module, tiny_data_dir, tmp_path, m
         traces, "key_averages_sort_key", lambda device: events.append(("key", device.type)) or key(device)
     )
     call_main(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "prof", "--epochs",
-              "1", "--batch-size", "1", "--bind", "none", "--profile", "--max-steps", "7")
+              "1", "--batch-size", "1", "--bind", "none", "--profile", "--max-steps", "7",
+              "--width", "8", "--modes", "4")  # a small model: a third of the profiled run's time
     assert events == ["train", ("key", "cpu")], events
 
 

@@ -342,9 +342,9 @@ def test_modes_too_few_to_share_is_one_line(script, tiny_data_dir, tmp_path):
         out,
         "--domain-size",
         "2",
+        *ONE_STEP,
         "--modes",
         "1",
-        *ONE_STEP,
     )
     one_line_error(results, out, "fewer than the 2 domain ranks")
 
@@ -364,10 +364,10 @@ def test_a_checkpoint_of_another_model_size_is_one_line(script, tiny_data_dir, o
         out,
         "--domain-size",
         "2",
-        "--width",
-        "16",
         "--resume",
         *ONE_STEP,
+        "--width",
+        "16",
     )
     assert all(rc == 2 for rc, _, _ in results), [err[-2000:] for _, _, err in results]
     lines = [line for _, _, err in results for line in error_lines(err)]

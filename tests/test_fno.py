@@ -19,7 +19,8 @@ from tests.conftest import PYTHON, REPO, START_UP_SECONDS, call_main, exit_of, r
 from wellfno.cli import UserError
 
 STEP = "00_baseline"
-FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4"]
+# a small model: what these check does not depend on its size, the runs' time does
+FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4", "--width", "8", "--modes", "4"]
 
 
 def files_under(*folders):
