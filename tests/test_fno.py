@@ -19,8 +19,7 @@ from tests.conftest import PYTHON, REPO, START_UP_SECONDS, call_main, exit_of, r
 from wellfno.cli import UserError
 
 STEP = "00_baseline"
-# a small model: what these check does not depend on its size, the runs' time does
-FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4", "--width", "8", "--modes", "4"]
+FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4"]
 
 
 def files_under(*folders):
