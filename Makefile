@@ -19,7 +19,7 @@ help:
 	@echo "make test-matrix  every earlier step's checks on every later solution (long)"
 	@echo "make test-fast  the suite without slow and Slurm tests (1-2 minutes on 2 cores)"
 	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
-	@echo "make results  re-measure every results/*.json the docs quote, then regenerate their tables (about 30 min)"
+	@echo "make results  re-measure every results/*.json the docs quote, then regenerate their tables (ONLY=\"name ...\" for some)"
 
 venv: $(VENV)/.installed
 
@@ -66,33 +66,15 @@ test-matrix: venv
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow and not slurm" tests
 
-# Every number the READMEs and INSTRUCTORS.md quote, measured again on this machine (run it idle:
-# each file records the load average), then the docs' tables regenerated from results/ (wellfno.results).
-# One thread per process, so the numbers do not depend on how many cores torch guesses it has.
+# Every number the READMEs and INSTRUCTORS.md quote, measured again on this machine (run it idle: a
+# line warns when the load is above the CPUs, and each file records the load at its start and end),
+# each figure the best of a few rounds; then the docs' tables regenerated from results/.
+# ONLY="05_ddp_scaling threads" measures only those (`python -m coursetools.measure --list` names them).
 RESULTS_RUNS ?= runs/results
+ONLY ?=
 results: venv data
-	export OMP_NUM_THREADS=1; set -e; \
-	$(PY) -m wellfno.results runtimes; \
-	$(PY) profiling/throughput.py --data-dir $(DATA_DIR) --out $(RESULTS_RUNS)/throughput --seconds 2 --repeats 2 \
-	    --prefetch-factor 2 --results results/throughput.json; \
-	$(PY) -m wellfno.grayscott --data-dir $(RESULTS_RUNS)/large_data --size large --n-train 2 --n-steps 50; \
-	$(PY) profiling/throughput.py --data-dir $(RESULTS_RUNS)/large_data --out $(RESULTS_RUNS)/throughput_large \
-	    --workers 0 --readers fast --seconds 2 --repeats 2 --results results/throughput_large.json; \
-	$(PY) profiling/compare_scripts.py --data-dir $(DATA_DIR) --out $(RESULTS_RUNS)/scripts --repeats 2 \
-	    --script-args "--epochs 1 --max-steps 30" --results results/compare_scripts.json --scripts fno.py \
-	    solutions/01_profiling/fno.py "solutions/02_data_pipeline/fno.py --num-workers 2 --persistent-workers" \
-	    "solutions/02_data_pipeline/fno.py --fast-reader" \
-	    "solutions/02_data_pipeline/fno.py --num-workers 1 --persistent-workers --fast-reader" \
-	    "solutions/03_affinity/fno.py --num-workers 1 --persistent-workers --fast-reader"; \
-	$(PY) profiling/overhead.py --data-dir $(DATA_DIR) --batch-size 4 --wait 8 --after 8 --repeats 6 \
-	    --results results/profiling_overhead.json; \
-	$(PY) profiling/threads.py --data-dir $(DATA_DIR) --threads 1,2 --busy 0,1 --results results/threads.json; \
-	$(PY) affinity/benchmark.py --out results/affinity_benchmark.json; \
-	$(PY) solutions/04_distributed_stats/benchmark.py --synthetic-gb 1 --ranks 1,2 --repeat 3 \
-	    --json results/04_stats_benchmark.json; \
-	$(PY) solutions/09_compile_mfu/benchmark.py --data-dir $(DATA_DIR) --out results/efficiency_cpu --steps 20 \
-	    --common "--bind none"
-	$(PY) -m wellfno.results render
+	$(PY) -m coursetools.measure --data-dir $(DATA_DIR) --runs $(RESULTS_RUNS) $(ONLY); status=$$?; \
+	$(PY) -m coursetools.results render && exit $$status
 
 clean:
 	rm -rf runs .pytest_cache

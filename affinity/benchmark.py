@@ -2,7 +2,7 @@
 
     python affinity/benchmark.py                 # data pipeline + competing load (+ GPU if present)
     python affinity/benchmark.py --workers 4 --samples 400 --repeats 3
-    python affinity/benchmark.py --out results/affinity_benchmark.json   # the README's table (wellfno.results)
+    python affinity/benchmark.py --out results/affinity_benchmark.json   # the README's table (coursetools.results)
 
 1. Data pipeline: N DataLoader workers doing CPU-heavy per-sample work (FFTs, like decoding and
    augmenting a sample), no model. Throughput in samples/s for
@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from affinity.bind import set_affinity_all_threads, worker_init_fn
 from affinity.discover import format_cpulist
 from wellfno.cli import UserError, run_main
-from wellfno.machine import cpu_model
+from benchtools.machine import cpu_model
 
 
 class HeavySamples:
@@ -164,10 +164,10 @@ def table_text(title: str, unit: str, rows: list[tuple[str, float]]) -> str:
 
 
 def benchmark_table(root) -> str:
-    """Renderer for `<!-- table: affinity.benchmark:benchmark_table -->` (python -m wellfno.results render)."""
+    """Renderer for `<!-- table: affinity.benchmark:benchmark_table -->` (python -m coursetools.results render)."""
     from pathlib import Path
 
-    from wellfno.resultfiles import caption, read_result
+    from benchtools.resultfiles import caption, read_result
     result = read_result(Path(root) / "results" / "affinity_benchmark.json")
     tables = [table_text(f"**{t['title']}**\n", t["unit"], [tuple(r) for r in t["rows"]]) for t in result["data"]["tables"]]
     return "\n\n".join(tables) + "\n\n" + caption(result)
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
         tables.append(("3. GPU-resident compute: conv stack, data on the GPU", "steps/s", rows))
         print("\n" + table_text(*tables[-1]))
     if args.out:
-        from wellfno.resultfiles import write_result
+        from benchtools.resultfiles import write_result
         command = "python affinity/benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:])
         data = {"allowed_cpus": format_cpulist(allowed), "workers": args.workers, "samples": args.samples,
                 "repeats": args.repeats,

@@ -38,7 +38,7 @@ def parse_args(argv=None):
                    help="options given to every script (default: '--epochs 1 --max-steps 40')")
     p.add_argument("--repeats", type=int, default=2, help="round-robin rounds; each number is the best round")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", help="also write the comparison to this results file (wellfno.results)")
+    p.add_argument("--results", help="also write the comparison to this results file (coursetools.results)")
     args = p.parse_args(argv)
     if args.repeats < 1:
         raise UserError("--repeats must be at least 1")
@@ -83,7 +83,7 @@ def main(argv=None):
     # The scripts pick their own device (--device auto); record what they will see.
     report = compare(args, Path(args.out), machine(pick_device("auto")))
     if args.results:
-        from wellfno.resultfiles import write_result
+        from benchtools.resultfiles import write_result
         write_result(args.results, shlex.join(["python", "profiling/compare_scripts.py", *(argv if argv is not None else sys.argv[1:])]), report)
 
 

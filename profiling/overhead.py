@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 from wellfno import data
 from wellfno.cli import UserError, atomic_write_json, run_main
 from wellfno.device import DEVICE_CHOICES, pick_device
-from wellfno.machine import cpu_model
+from benchtools.machine import cpu_model
 from wellfno.model import NextFrameFNO, channel_stats
 
 
@@ -102,7 +102,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--json", help="also write the numbers to this JSON file")
-    p.add_argument("--results", help="also write them to this results file (wellfno.results: the docs' tables)")
+    p.add_argument("--results", help="also write them to this results file (coursetools.results: the docs' tables)")
     args = p.parse_args(argv)
     if min(args.wait, args.after) < 1 or args.active < 1 or args.warmup < 0 or args.repeats < 1:
         raise UserError("--wait, --after, --active and --repeats must be at least 1, --warmup at least 0")
@@ -162,7 +162,7 @@ def main(argv=None):
     if args.results:
         import sys
 
-        from wellfno.resultfiles import write_result
+        from benchtools.resultfiles import write_result
         write_result(args.results, " ".join(["python", "profiling/overhead.py", *(argv if argv is not None else sys.argv[1:])]),
                      result, device)
 

@@ -41,7 +41,7 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per measurement")
     p.add_argument("--repeats", type=int, default=2, help="round-robin rounds; each number is the best round")
-    p.add_argument("--results", help="also write the table to this results file (wellfno.results)")
+    p.add_argument("--results", help="also write the table to this results file (coursetools.results)")
     args = p.parse_args(argv)
     threads = int_list(args.threads, "--threads", 1)
     busy = int_list(args.busy, "--busy", 0)
@@ -76,7 +76,7 @@ def main(argv=None):
         print(f"| {t} | " + " | ".join(f"{best[(t, b)]:.0f}" for b in busy) + " |")
     torch.set_num_threads(default_threads)   # the results file names the process's own setting
     if args.results:
-        from wellfno.resultfiles import write_result
+        from benchtools.resultfiles import write_result
         rows = [dict(threads=t, busy_processes=b, samples_per_s=round(v, 1)) for (t, b), v in best.items()]
         command = " ".join(["python", "profiling/threads.py", *(argv if argv is not None else sys.argv[1:])])
         print(f"wrote {write_result(args.results, command, dict(batch_size=args.batch_size, rows=rows))}")

@@ -40,7 +40,7 @@ from wellfno import data
 from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
 from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.fastwell import FastWellDataset
-from wellfno.machine import cpu_model
+from benchtools.machine import cpu_model
 from wellfno.model import NextFrameFNO, channel_stats
 
 READERS = ("well", "fast")
@@ -85,7 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the main process (0: torch's default)")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", help="also write the numbers to this results file (wellfno.results: the docs' tables)")
+    p.add_argument("--results", help="also write the numbers to this results file (coursetools.results: the docs' tables)")
     args = p.parse_args(argv)
     for name in ("batch_size", "n_steps_input", "repeats"):
         if getattr(args, name) < 1:
@@ -322,7 +322,7 @@ def main(argv=None):
                   readers=readers, rows=rows)
     atomic_write_json(out / "throughput.json", result)
     if args.results:
-        from wellfno.resultfiles import write_result
+        from benchtools.resultfiles import write_result
         write_result(args.results, result["command"], result, device)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")

@@ -231,9 +231,13 @@ def test_slurm_efficiency_job_writes_its_table(slurm_cluster, slurm_data, tmp_pa
     job.assert_completed()
     result = json.loads((job.run_dir / "efficiency.json").read_text())
     rows = result["data"]["rows"]
-    assert [r["row"] for r in rows] == ["06 as is", "+ no host syncs", "+ bf16",
-                                        "+ width 8, batch 4"]
-    assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows)
+    from tests.test_08_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
+
+    mixed = "08 mixed precision (bf16)" if this_cpu_has_bf16_units() else "08 mixed precision"
+    assert [r["row"] for r in rows] == ["06 baseline", "07 no host syncs", mixed,
+                                        "09 width 8, batch 4"]
+    assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows
+               if r["skipped"] is None)
     assert (job.run_dir / "efficiency.png").is_file()
     assert "no vendor profiler run" in job.out.read_text()
 
@@ -259,7 +263,7 @@ def test_amp_check_needs_no_torch_2_4_api(script_module, monkeypatch):
     torch.amp lacks it: checking --amp must work without it, and still refuse a device type that
     has no autocast there."""
     monkeypatch.delattr(torch.amp, "is_autocast_available", raising=False)  # as in torch 2.3
-    script_module.check_amp("bf16", torch.device("cpu"))
+    script_module.check_amp("fp16", torch.device("cpu"))  # (bf16 needs bf16 units: test_08's)
     script_module.check_amp("none", torch.device("cpu"))
     with pytest.raises(script_module.UserError, match="--amp bf16: torch has no autocast for meta"):
         script_module.check_amp("bf16", torch.device("meta"))
@@ -354,3 +358,106 @@ def test_memory_line_from_rank_0_only(script, tiny_data_dir, tmp_path):
     assert_ok(results)
     said = [out.count("a training step needs about") for _, out, _ in results]
     assert said == [1, 0], said
+
+
+# -- the ladder: solutions/09_compile_mfu/benchmark.py --------------------------------------------
+
+BENCHMARK = REPO / "solutions" / "09_compile_mfu" / "benchmark.py"
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("ladder_benchmark", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def _ladder(benchmark, device, no_compile=False):
+    import argparse
+
+    args = argparse.Namespace(steps=20, width=64, batch_size=64, no_compile=no_compile,
+                              baseline=str(benchmark.BASELINE))
+    rows = benchmark.rows_to_run(args, device)
+    return [(r.name, None if r.against is None else rows[r.against].name, r.amp, r.skipped)
+            for r in rows], rows
+
+
+def _as_cpu(monkeypatch, name):
+    from tests.fixtures.cpuinfo import RECORDED
+    from wellfno.amp import cpuinfo_flags
+
+    flags = cpuinfo_flags(RECORDED[name][1])
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {f: True for f in flags})
+
+
+def test_ladder_adds_one_idea_per_row(benchmark, monkeypatch):
+    """Each row against the step it builds on (issue 20): 07 on 06, 08 and 09 on 07 (compile in
+    float32, not on top of bf16), the size row on 09's compile row, by FLOP/s."""
+    _as_cpu(monkeypatch, "amd_epyc_9754")  # AVX512_BF16: the bf16 row runs
+    ladder, rows = _ladder(benchmark, torch.device("cpu"))
+    assert ladder == [("06 baseline", None, "none", None),
+                      ("07 no host syncs", "06 baseline", "none", None),
+                      ("08 mixed precision (bf16)", "07 no host syncs", "bf16", None),
+                      ("09 torch.compile", "07 no host syncs", "none", None),
+                      ("09 width 64, batch 64", "09 torch.compile", "none", None)]
+    assert [r.script for r in rows] == [benchmark.BASELINE, benchmark.NO_SYNCS, benchmark.AMP,
+                                        benchmark.SOLUTION, benchmark.SOLUTION]
+    assert "--compile" in rows[3].options and "--compile" not in rows[2].options
+    assert rows[4].by == "FLOP/s" and all(r.by == "samples/s" for r in rows[:4])
+    assert all("--log-every" in r.options for r in rows[1:]) and rows[0].options == []
+    without_compile, _ = _ladder(benchmark, torch.device("cpu"), no_compile=True)
+    assert without_compile[-1][:2] == ("09 width 64, batch 64", "07 no host syncs")
+
+
+@pytest.mark.parametrize("cpu", ["amd_epyc_7763", "intel_xeon_8259cl"])
+def test_ladder_skips_bf16_on_a_cpu_without_bf16_units(benchmark, monkeypatch, cpu):
+    _as_cpu(monkeypatch, cpu)
+    ladder, _ = _ladder(benchmark, torch.device("cpu"))
+    name, against, _, skipped = ladder[2]
+    assert (name, against) == ("08 mixed precision", "07 no host syncs")
+    assert skipped and "no bfloat16 units" in skipped and "emulated" in skipped
+
+
+def test_ladder_runs_fp16_on_a_gpu_without_bf16(benchmark, monkeypatch):
+    """A V100 (no bf16 units, fp16 tensor cores): check_amp refuses bf16, the row runs fp16."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    ladder, _ = _ladder(benchmark, torch.device("cuda", 0))
+    assert ladder[2] == ("08 mixed precision (fp16)", "07 no host syncs", "fp16", None)
+
+
+@pytest.mark.slow
+def test_ladder_writes_each_row_against_its_reference(tiny_data_dir, tmp_path):
+    """The benchmark end to end, as on an AVX2-only EPYC (tests/cpu_seam): the bf16 row skipped with
+    its reason, each speed-up the ratio to the row it names, MFU against the float32 peak."""
+    from tests.test_08_mixed_precision import as_cpu
+
+    out = tmp_path / "ex09"
+    result = run_script(BENCHMARK, "--data-dir", tiny_data_dir, "--out", out, "--steps", "2",
+                        "--repeats", "1", "--no-compile", "--width", "8", "--batch-size", "4",
+                        "--common", "--bind none", env=as_cpu("amd_epyc_7763"), timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads((out / "efficiency.json").read_text())
+    rows = {r["row"]: r for r in written["data"]["rows"]}
+    assert list(rows) == ["06 baseline", "07 no host syncs", "08 mixed precision",
+                          "09 width 8, batch 4"]
+    skipped = rows["08 mixed precision"]
+    assert "no bfloat16 units" in skipped["skipped"] and skipped["samples_per_s"] is None
+    base, no_syncs = rows["06 baseline"], rows["07 no host syncs"]
+    sized = rows["09 width 8, batch 4"]
+    assert no_syncs["against"] == "06 baseline" and sized["against"] == "07 no host syncs"
+    assert no_syncs["speedup"] == pytest.approx(no_syncs["samples_per_s"] / base["samples_per_s"])
+    assert sized["speedup"] == pytest.approx(sized["achieved_flops_per_s"]
+                                             / no_syncs["achieved_flops_per_s"])
+    for r in (base, no_syncs, sized):
+        assert r["peak_precision"] == "fp32" and r["achieved_flops_per_s"] == pytest.approx(
+            r["flops_per_sample"] * r["samples_per_s"])
+    table = flops.efficiency_markdown(written["data"]["rows"])
+    assert "| 08 mixed precision | skipped |" in table and "no bfloat16 units" in table
+    assert (out / "efficiency.png").is_file()

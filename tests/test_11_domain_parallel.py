@@ -256,7 +256,7 @@ def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(
 ):
     """MHD_256's layout (7 channels, 3-D) at 1/32 scale (8^3 cells: 3 ranks hold 3 + 3 + 2 rows),
     one step: 2 ranks with --checkpoint-blocks and 3 ranks give one rank's parameters and VRMSE."""
-    from wellfno.standin import write_standin
+    from coursetools.standin import write_standin
 
     write_standin(tmp_path / "data", "MHD_256", steps=4, trajectories=2, scale=1 / 32)
     common = (

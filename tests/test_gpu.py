@@ -126,7 +126,7 @@ def test_gpu_nccl_statistics_with_two_ranks_equal_serial(tiny_dataset_dir, tmp_p
 
 
 # --------------------------------------------------------------------------- 05 and 06 on the GPU
-# The day-0 job (wellfno.gpucheck node) runs the programs behind the first tests itself and leaves
+# The day-0 job (coursetools.gpucheck node) runs the programs behind the first tests itself and leaves
 # them out of its `pytest -m gpu` (gpucheck.COVERED_BY_NODE_STEP); here they run on their own.
 TWO_GPUS = pytest.mark.skipif(
     torch.cuda.device_count() < 2,
@@ -137,7 +137,7 @@ TWO_GPUS = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def nccl_check(tmp_path_factory):
     """wellfno.ddp over nccl/RCCL on 2 GPUs with NCCL_DEBUG=INFO, as the day-0 job runs it."""
-    from wellfno import gpucheck
+    from coursetools import gpucheck
 
     out = tmp_path_factory.mktemp("complex_ddp")
     return out, gpucheck.run_complex_ddp(torch, out, timeout=300)
@@ -168,7 +168,7 @@ def test_gpu_complex_gradients_two_ranks_equal_one_rank(nccl_check, variant):
 @TWO_GPUS
 def test_gpu_nccl_transport_is_reported(nccl_check):
     """Which transport NCCL/RCCL connected the two GPUs with, read from its INFO lines."""
-    from wellfno import gpucheck
+    from coursetools import gpucheck
 
     _, rec = nccl_check
     found = rec["transport"]
@@ -248,7 +248,7 @@ def test_gpu_05_two_ranks_over_nccl_equal_one_rank(tiny_data_dir, tmp_path):
 @pytest.fixture(scope="module")
 def step_06_runs(tmp_path_factory):
     """Solution 06 on the GPU: float32, --amp bf16, --compile (the day-0 job's runs)."""
-    from wellfno import gpucheck
+    from coursetools import gpucheck
 
     return gpucheck.run_06_on_gpu(torch, tmp_path_factory.mktemp("step_06"), REPO, timeout=540)[
         "runs"
@@ -260,7 +260,7 @@ def test_gpu_06_low_precision_and_compile_track_float32(step_06_runs, name):
     """The losses of 5 steps track float32's within the CPU tests' tolerance
     (tests/test_08_mixed_precision.py:
     bf16 1e-3, compile 1e-4 relative); bf16 must also differ, or autocast did nothing."""
-    from wellfno.gpucheck import LOSS_TOLERANCE
+    from coursetools.gpucheck import LOSS_TOLERANCE
 
     reference, run = step_06_runs["float32"], step_06_runs[name]
     if run.get("not_supported"):
@@ -278,7 +278,7 @@ def test_gpu_06_peak_memory_is_training_not_the_flop_count(tiny_data_dir, tmp_pa
     reports must be training's (so that it shows what bf16 saves), not that pass's. The tiny data
     has fewer training samples than 64: --batch-size 64 and 256 train the same one batch of all
     of them, and only the FLOP pass grows 4x; their peaks must agree."""
-    from wellfno.gpucheck import STEP_SCRIPTS
+    from coursetools.gpucheck import STEP_SCRIPTS
 
     peaks = {}
     for batch in (64, 256):

@@ -1,24 +1,22 @@
-"""DESIGN.md's rules on imports, checked on every module of wellfno/, profiling/ and affinity/.
+"""DESIGN.md's rules on imports, checked on every module of our installed packages.
 
 1. No two modules import each other, directly or round a circle (function-level imports count too).
-2. Layers: wellfno (bottom) imports neither profiling nor affinity; nothing imports a script.
+2. Layers: a package imports only itself and the packages of the layers below it (no exceptions);
+   nothing imports a script.
 """
 import ast
 from pathlib import Path
 
 from tests.conftest import REPO
 
-PACKAGES = ("wellfno", "profiling", "affinity")
-# (importer, imported): why the exception stands. Keep this empty if you can.
-# Two tools that live in wellfno borrow from the tool layer: the day-0 check reports each task's placement
-# and GPU PCI address with affinity's code, and `results runtimes` reads step 01's trace with profiling's.
-# To remove these, move gpucheck and the runtimes command up into a tool package.
-LAYER_EXCEPTIONS = {
-    ("wellfno.gpucheck", "affinity.report"): "placement line of each task",
-    ("wellfno.gpucheck", "affinity.bind"): "visible_gpu_pci",
-    ("wellfno.results", "profiling.summarize"): "runtimes: step 01's parts",
-    ("wellfno.results", "profiling.traces"): "runtimes: step 01's trace",
-}
+# DESIGN.md's layers, bottom first. Packages in one layer do not import each other.
+LAYERS = (
+    ("wellfno",),                  # the shared code participants read
+    ("benchtools",),               # a results file and its machine: every benchmark writes one
+    ("profiling", "affinity"),     # exercises 01-03's tools
+    ("coursetools",),              # docs' tables, make results, day-0 check, the Well's metadata
+)
+PACKAGES = tuple(package for layer in LAYERS for package in layer)
 
 
 def module_name(path: Path) -> str:
@@ -94,8 +92,35 @@ def test_no_two_modules_import_each_other():
     assert cycles(graph) == [], "modules that import each other (DESIGN.md: Layers)"
 
 
-def test_wellfno_imports_no_tool_package():
-    wrong = sorted((importer, imported) for importer, targets in import_graph().items() if importer.startswith("wellfno")
-                   for imported in targets if imported.split(".")[0] in ("profiling", "affinity")
-                   and (importer, imported) not in LAYER_EXCEPTIONS)
-    assert wrong == [], "wellfno is the bottom layer: move the shared code down, or the importer up"
+def layer_of(module: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if module.split(".")[0] in layer)
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a package imports another of its own layer or one above."""
+    return sorted((importer, imported)
+                  for importer, targets in graph.items() for imported in targets
+                  if imported.split(".")[0] != importer.split(".")[0]
+                  and layer_of(imported) >= layer_of(importer))
+
+
+def test_the_layer_rule_finds_an_upward_import():
+    graph = {"wellfno.data": {"coursetools.wellmeta", "wellfno.cli"}, "wellfno.cli": set()}
+    assert wrong_way(graph) == [("wellfno.data", "coursetools.wellmeta")]
+    assert wrong_way({"profiling.throughput": {"affinity.bind"}}) == [
+        ("profiling.throughput", "affinity.bind")]
+    assert wrong_way({"coursetools.results": {"profiling.traces", "benchtools.resultfiles"}}) == []
+
+
+def test_every_package_is_in_a_layer_and_installed():
+    on_disk = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
+    assert on_disk == set(PACKAGES), "a package that is not in LAYERS (add it, and to DESIGN.md)"
+    text = (REPO / "pyproject.toml").read_text()
+    assert all(f'"{package}"' in text for package in PACKAGES), "pyproject.toml's packages"
+
+
+def test_each_layer_imports_only_the_layers_below():
+    graph = import_graph()
+    assert graph["coursetools.results"] and graph["profiling.throughput"], "the graph was not read"
+    assert wrong_way(graph) == [], ("a package imports its own layer or one above (DESIGN.md: "
+                                    "Layers): move the shared code down, or the importer up")

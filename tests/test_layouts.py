@@ -13,7 +13,7 @@ import yaml
 
 from tests.conftest import REPO
 from wellfno.cli import UserError
-from wellfno.wellmeta import dataset_names, layout
+from coursetools.wellmeta import dataset_names, layout
 
 NAMES = dataset_names()
 THREE_D = [n for n in NAMES if layout(n).n_spatial_dims == 3]
@@ -27,7 +27,7 @@ def tiny_scale(name: str) -> float:
 @pytest.fixture(scope="session")
 def standins(tmp_path_factory):
     """name -> dataset folder of a tiny stand-in (3 train trajectories over 2 files, 4 steps), made on first use."""
-    from wellfno.standin import write_standin
+    from coursetools.standin import write_standin
 
     root = tmp_path_factory.mktemp("standins")
     made = {}

@@ -1,24 +1,24 @@
-"""Every table the docs generate equals what its results file says (wellfno.results)."""
+"""Every table the docs generate equals what its results file says (coursetools.results)."""
 import json
 
 import pytest
 
 from tests.conftest import REPO, run_script
-from wellfno import results
+from coursetools import results
 from wellfno.cli import UserError
 
 
 def test_docs_tables_match_their_results_files():
     stale = results.render(REPO, check=True)
     assert not stale, (f"tables out of date with results/: {[str(p.relative_to(REPO)) for p in stale]}; "
-                       f"run `python -m wellfno.results render`")
+                       f"run `python -m coursetools.results render`")
 
 
 def _fake_repo(tmp_path, seconds):
     (tmp_path / "fno.py").write_text("")
-    results.write_result(tmp_path / "results" / "runtimes.json", "python -m wellfno.results runtimes",
+    results.write_result(tmp_path / "results" / "runtimes.json", "python -m coursetools.results runtimes",
                          {"rows": [{"step": "00", "command": "python fno.py", "seconds": seconds}]})
-    (tmp_path / "README.md").write_text("intro\n<!-- table: wellfno.results:runtimes_table -->\nold\n"
+    (tmp_path / "README.md").write_text("intro\n<!-- table: coursetools.results:runtimes_table -->\nold\n"
                                         "<!-- /table -->\noutro\n")
 
 
@@ -28,13 +28,13 @@ def test_render_writes_the_table_and_check_finds_drift(tmp_path):
     results.render(tmp_path)
     text = (tmp_path / "README.md").read_text()
     assert "| 00 | `python fno.py` | 12.3 s |" in text and text.startswith("intro\n") and text.endswith("outro\n")
-    assert "Measured by `python -m wellfno.results runtimes` on " in text
+    assert "Measured by `python -m coursetools.results runtimes` on " in text
     assert results.render(tmp_path, check=True) == []
     # a new measurement makes the committed table stale until it is rendered again
-    results.write_result(tmp_path / "results" / "runtimes.json", "python -m wellfno.results runtimes",
+    results.write_result(tmp_path / "results" / "runtimes.json", "python -m coursetools.results runtimes",
                          {"rows": [{"step": "00", "command": "python fno.py", "seconds": 99.0}]})
     assert results.render(tmp_path, check=True) == [tmp_path / "README.md"]
-    rc = run_script("-m", "wellfno.results", "render", "--check", "--root", tmp_path)
+    rc = run_script("-m", "coursetools.results", "render", "--check", "--root", tmp_path)
     assert rc.returncode == 1 and "stale: README.md" in rc.stdout
 
 
@@ -54,7 +54,7 @@ def test_bad_results_files_are_one_line(tmp_path):
     (tmp_path / "plain.json").write_text('{"a": 1}')
     with pytest.raises(UserError, match="lacks command"):
         results.read_result(tmp_path / "plain.json")
-    rc = run_script("-m", "wellfno.results", "render", "--root", tmp_path)
+    rc = run_script("-m", "coursetools.results", "render", "--root", tmp_path)
     assert rc.returncode == 2 and rc.stderr.startswith("error: ") and "Traceback" not in rc.stderr
 
 
@@ -150,7 +150,7 @@ def test_runtimes_renderers_quote_the_profile_and_the_demo_run(tmp_path):
     # two steps: data_wait 30 + 50 of 100 + 100 ms = 40 %; 40 ms a step = 2.5 ms a sample of 16
     steps = [dict(step=7, total=100.0, data_wait=30.0, forward=70.0, rest=0.0),
              dict(step=8, total=100.0, data_wait=50.0, forward=50.0, rest=0.0)]
-    _write(tmp_path, "runtimes.json", "python -m wellfno.results runtimes", {"rows": [
+    _write(tmp_path, "runtimes.json", "python -m coursetools.results runtimes", {"rows": [
         dict(step="00", command="python fno.py --data-dir D --out OUT/00", seconds=100.0, samples_per_second=80.0,
              rollout_vrmse_step1=0.07, persistence_vrmse_step1=0.2,
              rollout_vrmse=[0.07, 0.1, 0.2, 0.3, 0.33, 0.9, 1.1, 2.0], persistence_vrmse=[0.2, 0.4, 0.5, 0.6, 0.8, 1.0, 1.0, 1.1],
@@ -219,7 +219,7 @@ def test_overhead_times_every_step_of_the_solutions_loop(tiny_data_dir, tmp_path
 
 
 def test_a_failed_step_is_shown_not_hidden(tmp_path):
-    _write(tmp_path, "runtimes.json", "python -m wellfno.results runtimes", {"rows": [
+    _write(tmp_path, "runtimes.json", "python -m coursetools.results runtimes", {"rows": [
         dict(step="00", command="python fno.py", seconds=3.0, failed="ImportError: cannot import name 'x'"),
         dict(step="01", command="python solutions/01_profiling/fno.py --profile", seconds=2.0, failed="boom")]})
     assert "| 00 | `python fno.py` | 3.0 s — **failed**: `ImportError: cannot import name 'x'` |" \
@@ -231,9 +231,109 @@ def test_a_failed_step_is_shown_not_hidden(tmp_path):
 
 def test_render_renders_what_it_can_and_names_what_it_cannot(tmp_path):
     _fake_repo(tmp_path, 5.0)
-    (tmp_path / "INSTRUCTORS.md").write_text("<!-- table: wellfno.results:threads_table -->\nkept\n<!-- /table -->\n")
+    (tmp_path / "INSTRUCTORS.md").write_text("<!-- table: coursetools.results:threads_table -->\nkept\n<!-- /table -->\n")
     with pytest.raises(UserError, match=r"1 table\(s\) could not be rendered .*INSTRUCTORS.md: "
-                                        r"wellfno.results:threads_table: .*threads.json is missing"):
+                                        r"coursetools.results:threads_table: .*threads.json is missing"):
         results.render(tmp_path)
     assert "| 00 | `python fno.py` | 5.0 s |" in (tmp_path / "README.md").read_text()   # rendered anyway
     assert "\nkept\n" in (tmp_path / "INSTRUCTORS.md").read_text()                   # left as it was
+
+
+# ---- exercises 10 and 11 (solutions/11_domain_parallel/benchmark.py's files)
+_DOMAIN_CONFIG = dict(ranks=[1, 2], modes=["weak", "strong"], rows=64, cols=64, depth=0, width=32,
+                      fno_modes=12, layers=8, batch_size=8, steps=8, repeats=2, device="cpu")
+
+
+def _domain_row(ranks, grid, step_ms, share, peak, **extra):
+    return dict(ranks=ranks, grid=grid, step_ms=step_ms, exchange_share=share,
+                peak_bytes_per_rank=peak, traced_steps=[2, 3, 4], **extra)
+
+
+def test_checkpointing_table_shows_both_ratios(tmp_path):
+    _write(tmp_path, "10_checkpointing.json",
+           "python solutions/11_domain_parallel/benchmark.py --checkpointing",
+           dict(config=_DOMAIN_CONFIG, modes={"checkpointing": [
+               _domain_row(1, "64x64", 1000.0, 0.001, 200_000_000, checkpointed=False),
+               _domain_row(1, "64x64", 1250.0, 0.001, 80_000_000, checkpointed=True)]}),
+           cpu="Test CPU", cores=2, torch="2.0", load_average_at_start=0.5, load_average=1.5)
+    table = results.checkpointing_table(tmp_path)
+    assert "| 64×64, 8, 8 | 200.0 MB | 80.0 MB | **0.40** | 1000 | 1250 | **1.25** |" in table
+    assert "the fastest of 2 rounds" in table
+    assert ("on Test CPU, 2 cores, torch 2.0, no GPU, load average 0.5 at the start, 1.5 at the end"
+            in table)
+
+
+def test_domain_scaling_table_has_weak_and_strong_rows(tmp_path):
+    _write(tmp_path, "11_domain_scaling.json",
+           "python solutions/11_domain_parallel/benchmark.py --ranks 1 2",
+           dict(config=dict(_DOMAIN_CONFIG, repeats=1), modes={
+               "weak": [_domain_row(1, "64x64", 300.0, 0.004, 60_000_000, efficiency=1.0),
+                        _domain_row(2, "128x64", 400.0, 0.22, 63_000_000, efficiency=0.75)],
+               "strong": [_domain_row(1, "128x64", 500.0, 0.002, 122_000_000, efficiency=1.0),
+                          _domain_row(2, "128x64", 400.0, 0.23, 63_000_000, efficiency=0.625)]}),
+           cpu="Test CPU", cores=2, torch="2.0", load_average=5.0)
+    table = results.domain_scaling_table(tmp_path)
+    assert "| weak | 2 | 128 × 64 | 400 | efficiency 0.75 | 22.0 % | 63.0 MB |" in table
+    assert ("| strong | 2 | 128 × 64 | 400 | speed-up 1.25× (efficiency 0.62) | 23.0 % | 63.0 MB |"
+            in table)
+    assert "one run" in table
+    assert "above the number of cores" in table   # load 5 on 2 cores: the caption says so
+
+
+def test_runtimes_keep_each_commands_fastest_run_and_name_a_failure(tmp_path, monkeypatch):
+    """`runtimes --repeats 2` on two cheap commands: each row is the faster of 2 fresh runs; a
+    failing command runs once, its row says why, and the error names it once the file is written."""
+    (tmp_path / "fno.py").write_text("")
+    slow_first = ("{py} -c \"import pathlib, time; p = pathlib.Path('{D}_seen'); "
+                  "time.sleep(0.0 if p.exists() else 1.0); p.touch()\"")
+    failing = "{py} -c \"raise SystemExit('error: no')\""
+    monkeypatch.setattr(results, "RUNTIME_COMMANDS", [("03", slow_first), ("04", failing)])
+    with pytest.raises(UserError, match=r"1 step\(s\) failed: 04 .*error: no"):
+        results.measure_runtimes(tmp_path, tmp_path / "runtimes.json", repeats=2)
+    rows = json.loads((tmp_path / "runtimes.json").read_text())["data"]["rows"]
+    assert rows[0]["runs"] == 2 and rows[0]["seconds"] < 0.9   # the second, fast run was kept
+    assert rows[1]["failed"] == "error: no" and "runs" not in rows[1]
+
+
+def _ladder_row(name, against, samples, speedup, by="samples/s", skipped=None, flops=1e8,
+                mfu=0.01, compile_seconds=None):
+    numbers = dict(samples_per_s=samples, flops_per_sample=flops,
+                   achieved_flops_per_s=None if samples is None else flops * samples,
+                   peak_flops_per_s=1e11, peak_precision="fp32", mfu=mfu,
+                   peak_memory_bytes=None, peak_memory_of=None, compile_seconds=compile_seconds)
+    if skipped:
+        numbers = dict.fromkeys(numbers)
+    return dict(row=name, command="x.py", against=against, speedup_of=by, speedup=speedup,
+                skipped=skipped, **numbers)
+
+
+def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_path):
+    """Exercises 07-09's table and README sentence (solutions/09_compile_mfu/benchmark.py's
+    efficiency.json): each speed-up against the row it names, a skipped row with its reason."""
+    why = "this CPU has no bfloat16 units (AVX512_BF16, AMX-BF16 or Arm BF16), so bf16 would be " \
+          "emulated, slower than float32: use --amp none"
+    rows = [_ladder_row("06 baseline", None, 40.0, None),
+            _ladder_row("07 no host syncs", "06 baseline", 42.0, 1.05),
+            _ladder_row("08 mixed precision", "07 no host syncs", None, None, skipped=why),
+            _ladder_row("09 torch.compile", "07 no host syncs", 46.2, 1.1, compile_seconds=19.4),
+            _ladder_row("09 width 64, batch 64", "09 torch.compile", 20.0, 1.73, by="FLOP/s",
+                        flops=4e8, mfu=0.064)]
+    data = dict(device="cpu", peak_device="AMD EPYC, 1 core", peak_source="estimate: ...",
+                steps=20, repeats=3, common="", rows=rows)
+    results.write_result(tmp_path / results.EFFICIENCY_RESULT, "python solutions/09_compile_mfu/"
+                         "benchmark.py", data)
+    table = results.efficiency_table(tmp_path)
+    assert "| 07 no host syncs | 42.0 | 06 baseline | 1.05× | 4.20 | 1.00% | fp32 | - | - |" in table
+    assert "| 08 mixed precision | skipped | 07 no host syncs | - |" in table
+    assert f"08 mixed precision: skipped: {why}." in table
+    assert "| 09 torch.compile | 46.2 | 07 no host syncs | 1.10× |" in table and "| 19 |" in table
+    assert "| 09 width 64, batch 64 | 20.0 | 09 torch.compile | 1.73× (FLOP/s) | 8.00 | 6.40% |" \
+        in table
+    sentence = results.efficiency_readme_row(results.read_result(tmp_path
+                                                                 / results.EFFICIENCY_RESULT))[2]
+    assert sentence.startswith("06 baseline: 40.0 samples/s; 07 no host syncs **1.05×** vs 06; "
+                               "08 mixed precision: skipped, this CPU has no bfloat16 units "
+                               "(AVX512_BF16, AMX-BF16 or Arm BF16); 09")
+    assert "09 torch.compile **1.10×** vs 07 (19 s compiling, timed apart)" in sentence
+    assert ("width 64, batch 64: 8.0 GFLOP/s (1.73× the FLOP/s of 09 torch.compile), MFU **6.4 %** "
+            "of the fp32 peak (AMD EPYC, 1 core, an estimate)") in sentence

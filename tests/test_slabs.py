@@ -12,7 +12,7 @@ import torch
 from wellfno.data import rollout_dataset, well_datasets
 from wellfno.domain import slab_bounds
 from wellfno.slabs import SlabRollouts, SlabWellDataset
-from wellfno.standin import write_standin
+from coursetools.standin import write_standin
 
 
 def cut(sample: dict, rows: slice) -> dict:

@@ -609,7 +609,7 @@ def test_slurm_every_job_hands_each_task_its_devices(slurm_gpus, slurm_data, tmp
         assert "--workers" in probes["03_affinity_report"]["0"][0]["argv"], "report.py must look at the GPU"
         (node,) = probes["00_gpu_check"]["1"]
         assert sorted(_gpu_ids(node, vendor)) == ["0", "1"] and len(node["cpus"]) == 2, node
-        assert node["argv"][1:4] == ["-m", "wellfno.gpucheck", "node"] and "--pytest" in node["argv"], node["argv"]
+        assert node["argv"][1:4] == ["-m", "coursetools.gpucheck", "node"] and "--pytest" in node["argv"], node["argv"]
 
 
 def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
@@ -656,7 +656,7 @@ def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(s
     """00_gpu_check for real. On a CPU site every part runs and the report says no GPU: N/A;
     on a GPU site (GPU_VENDOR=nvidia, a stand-in GPU) where torch sees no GPU the job FAILS,
     so that afterok cancels the rest of the course."""
-    need("wellfno/gpucheck.py")
+    need("coursetools/gpucheck.py")
     import json
     small = ("--steps", "2", "--batch-size", "2", "--grid", "8")
     cpu_root, gpu_root = tmp_path / "cpu", tmp_path / "gpu"

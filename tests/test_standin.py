@@ -1,7 +1,7 @@
 """Stand-ins of The Well's 23 datasets: format, the_well's own reader, this repo's checks.
 
 References are the published metadata files themselves (field name lists, boundary
-types, resolution), read here with yaml, not through wellfno.wellmeta's derivations.
+types, resolution), read here with yaml, not through coursetools.wellmeta's derivations.
 """
 from pathlib import Path
 
@@ -12,8 +12,8 @@ import yaml
 
 from tests.conftest import run_script
 from wellfno.cli import UserError
-from wellfno.standin import component_series, scalar_from_file_name, scaled_resolution, write_standin
-from wellfno.wellmeta import METADATA, check_files, dataset_names, layout
+from coursetools.standin import component_series, scalar_from_file_name, scaled_resolution, write_standin
+from coursetools.wellmeta import METADATA, check_files, dataset_names, layout
 
 NAMES = dataset_names()
 
@@ -163,18 +163,18 @@ def test_constant_scalars_from_real_file_names():
 def test_unknown_name_lists_close_matches(tmp_path):
     with pytest.raises(UserError, match="did you mean MHD_64"):
         write_standin(tmp_path, "mhd64")
-    result = run_script("-m", "wellfno.standin", "--dataset", "turbulent_radiative_layer", "--data-dir", tmp_path)
+    result = run_script("-m", "coursetools.standin", "--dataset", "turbulent_radiative_layer", "--data-dir", tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "turbulent_radiative_layer_2D" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_cli_writes_a_standin(tmp_path):
-    result = run_script("-m", "wellfno.standin", "--dataset", "supernova_explosion_64", "--data-dir", tmp_path,
+    result = run_script("-m", "coursetools.standin", "--dataset", "supernova_explosion_64", "--data-dir", tmp_path,
                         "--steps", "2", "--trajectories", "1", "--scale", "0.0625")
     assert result.returncode == 0, result.stderr
     assert check_files(tmp_path / "datasets" / "supernova_explosion_64") == []
-    result = run_script("-m", "wellfno.standin", "--dataset", "MHD_64", "--data-dir", tmp_path, "--scale", "2")
+    result = run_script("-m", "coursetools.standin", "--dataset", "MHD_64", "--data-dir", tmp_path, "--scale", "2")
     assert result.returncode == 2 and result.stderr.startswith("error: --scale 2.0 must be in (0, 1]")
     with pytest.raises(UserError, match="--steps must be at least 2"):
         write_standin(tmp_path, "MHD_64", steps=1)
@@ -182,25 +182,25 @@ def test_cli_writes_a_standin(tmp_path):
 
 def test_readme_dataset_table_is_the_generated_one():
     from tests.conftest import REPO
-    from wellfno.standin import dataset_table, readme_table
+    from coursetools.standin import dataset_table, readme_table
 
     assert readme_table((REPO / "README.md").read_text()) == dataset_table(), \
-        "the README's dataset table is stale: run `python -m wellfno.standin --table README.md`"
+        "the README's dataset table is stale: run `python -m coursetools.standin --table README.md`"
 
 
 def test_check_cli_on_a_standin_and_on_a_damaged_one(tmp_path):
     dataset_dir = write_standin(tmp_path, "planetswe", steps=2, trajectories=1, scale=1 / 32)
-    result = run_script("-m", "wellfno.standin", "--check", dataset_dir)
+    result = run_script("-m", "coursetools.standin", "--check", dataset_dir)
     assert result.returncode == 0 and "matches The Well's metadata of planetswe" in result.stdout
     stats = yaml.safe_load((dataset_dir / "stats.yaml").read_text())
     del stats["mean"]["height"]
     (dataset_dir / "stats.yaml").write_text(yaml.safe_dump(stats))
-    result = run_script("-m", "wellfno.standin", "--check", dataset_dir)
+    result = run_script("-m", "coursetools.standin", "--check", dataset_dir)
     assert result.returncode == 2 and "no 'mean' for field 'height'" in result.stderr
 
 
 def test_a_standin_too_big_for_the_ram_is_one_sentence(tmp_path, monkeypatch):
-    import wellfno.standin as standin
+    import coursetools.standin as standin
 
     monkeypatch.setattr(standin, "available_ram", lambda: 16 * 10**9)  # a laptop
     # MHD_256 at full resolution: 7 channels x 12 steps x 2 trajectories x 256^3 cells x 4 bytes = 11.3 GB per file

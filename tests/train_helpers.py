@@ -6,12 +6,14 @@ from tests.conftest import run_script
 RUN = ["--epochs", "1", "--batch-size", "8", "--bind", "none"]
 
 
-def train(script, data_dir, out, *extra, timeout=300):
-    """One run of `script` on the tiny data in its own process; its metrics.json.
+def train(script, data_dir, out, *extra, timeout=300, env=None):
+    """One run of `script` on the tiny data in its own process (`env`: variables added to the
+    environment); its metrics.json.
 
-    For what needs a process of its own (--compile: the compiler's state stays in the process);
-    the other checks share in-process runs (`run_once`)."""
-    result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra, timeout=timeout)
+    For what needs a process of its own (--compile: the compiler's state stays in the process; a
+    seam in the environment); the other checks share in-process runs (`run_once`)."""
+    result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra, timeout=timeout,
+                        env=env)
     assert result.returncode == 0, f"{script.name} {' '.join(map(str, extra))} failed: " + result.stderr[-1500:]
     return json.loads((out / "metrics.json").read_text())
 

@@ -7,6 +7,7 @@ for each split, z-score normalized with the dataset's `stats.yaml`.
 """
 from __future__ import annotations
 
+import difflib
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,6 @@ import yaml
 from wellfno.cli import UserError
 from wellfno.grayscott import EMBEDDED, generate
 from wellfno.wellformat import split_files
-from wellfno.wellmeta import unknown_dataset
 
 REQUIRED_STATS = ("mean", "std", "mean_delta", "std_delta")
 
@@ -27,6 +27,20 @@ def well_dataset_names() -> list[str]:
     from the_well.data.utils import WELL_DATASETS
 
     return list(WELL_DATASETS)
+
+
+def unknown_dataset(name: str, known: list[str]) -> UserError:
+    """One line: the name is unknown; the closest of the known names, else all of them."""
+    by_lower = {k.lower(): k for k in known}
+    # names that contain what was typed (a prefix, a part), then the most similar ones
+    close = [k for k in by_lower if name.lower() in k] if len(name) >= 3 else []
+    close += [k for k in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5)
+              if k not in close]
+    if close:
+        hint = "did you mean " + " or ".join(by_lower[c] for c in close[:4]) + "?"
+    else:
+        hint = "known: " + ", ".join(known)
+    return UserError(f"unknown dataset '{name}': {hint} (`python -m coursetools.standin --table` lists all)")
 
 
 def locate(data_dir: str | Path, dataset: str) -> Path:
@@ -130,7 +144,7 @@ def open_dataset(data_dir: str | Path, dataset: str = EMBEDDED, download_missing
     elif not present or (download_missing and not split_files(dataset_dir, "train")):
         known = well_dataset_names()
         if dataset not in known:
-            raise unknown_dataset(dataset, extra=(EMBEDDED,))
+            raise unknown_dataset(dataset, [EMBEDDED, *known])
         if not download_missing:
             raise UserError(f"{dataset} not found in {data_root}/datasets: add --download to fetch it from "
                             f"The Well (large), or point --data-dir at the folder that holds datasets/")

@@ -28,7 +28,7 @@ measured with gloo, the hook then sees only real buckets; the check records whic
 to Reducer::initialize_buckets is where that changes.) Register it with
 `ddp_model.register_comm_hook(None, complex_as_real_allreduce_hook)`.
 With gloo it gives what plain DDP gives (tests/test_ddp_complex.py); over NCCL the check below
-says whether plain DDP needs it on a node (`python -m wellfno.gpucheck`, slurm/00_gpu_check.sbatch).
+says whether plain DDP needs it on a node (`python -m coursetools.gpucheck`, slurm/00_gpu_check.sbatch).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def _unsupported(path, what: str) -> UserError:
 
 
 def layout_support(lay) -> str:
-    """Whether FastWellDataset reads a Well dataset's layout (a wellfno.wellmeta.Layout): 'yes' or 'no: why'.
+    """Whether FastWellDataset reads a Well dataset's layout (a coursetools.wellmeta.Layout): 'yes' or 'no: why'.
 
     All 23 datasets' metadata describe fields it reads; what it refuses (`_unsupported`) shows
     only in the files' attributes: fields constant along an axis, or changing in time but the

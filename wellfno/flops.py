@@ -33,7 +33,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from wellfno.cli import UserError, run_main
-from wellfno.machine import cpu_model
 
 aten = torch.ops.aten
 
@@ -105,6 +104,11 @@ def _cpuinfo() -> dict[str, str]:
         key, _, value = line.partition(":")
         info[key.strip()] = value.strip()
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name as `lscpu` shows it ("AMD EPYC 7742 64-Core Processor")."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _max_clock_hz(info: dict[str, str]) -> tuple[float | None, str]:
@@ -283,16 +287,54 @@ def peak_table(cpu: Peak | None = None, include_cpu: bool = True) -> str:
 
 
 def efficiency_markdown(rows: list[dict]) -> str:
-    """The table of solutions/09_compile_mfu/benchmark.py: one row per idea added in turn."""
-    lines = ["| step | samples/s | vs first row | GFLOP/s | MFU | peak used | peak memory (MiB) | compile (s) |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    """The table of solutions/09_compile_mfu/benchmark.py: one row per idea, each against the row
+    it builds on (its speed-up is that idea's own); a skipped row's reason goes under the table."""
+    lines = ["| row | samples/s | against | speed-up | GFLOP/s | MFU | peak used | "
+             "peak memory (MiB) | compile (s) |",
+             "|---|---:|---|---:|---:|---:|---|---:|---:|"]
+    notes = []
+
+    def cell(value, fmt):
+        return "-" if value is None else fmt.format(value)
+
     for r in rows:
-        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.2f}%"
-        memory = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**20:.0f}"
-        compiled = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.0f}"
-        lines.append(f"| {r['row']} | {r['samples_per_s']:.1f} | {r['vs_first']:.2f}x | "
-                     f"{r['achieved_flops_per_s'] / 1e9:.2f} | {mfu} | {r['peak_precision']} | {memory} | {compiled} |")
-    return "\n".join(lines)
+        against = r["against"] or "-"
+        if r["skipped"]:
+            lines.append(f"| {r['row']} | skipped | {against} | - | - | - | - | - | - |")
+            notes.append(f"{r['row']}: skipped: {r['skipped']}.")
+            continue
+        speedup = cell(r["speedup"], "{:.2f}×")
+        if r["speedup"] is not None and r["speedup_of"] != "samples/s":
+            speedup += f" ({r['speedup_of']})"
+        memory = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**20
+        lines.append(f"| {r['row']} | {r['samples_per_s']:.1f} | {against} | {speedup} | "
+                     f"{r['achieved_flops_per_s'] / 1e9:.2f} | "
+                     f"{cell(None if r['mfu'] is None else 100 * r['mfu'], '{:.2f}%')} | "
+                     f"{r['peak_precision']} | {cell(memory, '{:.0f}')} | "
+                     f"{cell(r['compile_seconds'], '{:.0f}')} |")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def efficiency_summary(data: dict) -> str:
+    """One sentence of the ladder (the course README's results row): each idea's own speed-up."""
+    rows = data["rows"]
+    parts = [f"{rows[0]['row']}: {rows[0]['samples_per_s']:.1f} samples/s"]
+    for r in rows[1:]:
+        if r["skipped"]:
+            parts.append(f"{r['row']}: skipped, {r['skipped'].split(', so ')[0]}")
+        elif r["speedup_of"] == "samples/s":
+            text = f"{r['row']} **{r['speedup']:.2f}×** vs {r['against'][:2]}"
+            if r["compile_seconds"]:
+                text += f" ({r['compile_seconds']:.0f} s compiling, timed apart)"
+            parts.append(text)
+        else:
+            mfu = ("MFU unknown" if r["mfu"] is None else
+                   f"MFU **{100 * r['mfu']:.1f} %** of the {r['peak_precision']} peak "
+                   f"({data['peak_device']}"
+                   f"{', an estimate' if data['peak_source'].startswith('estimate') else ''})")
+            parts.append(f"{r['row'][3:]}: {r['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s "
+                         f"({r['speedup']:.2f}× the FLOP/s of {r['against']}), {mfu}")
+    return "; ".join(parts)
 
 
 def gpu_peak_table(root: Path) -> str:

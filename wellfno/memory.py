@@ -59,13 +59,22 @@ def domain_ranks_needed(model, available: int, batch_size: int = 1,
     return None
 
 
+def available_ram() -> int:
+    """Bytes of RAM available to a new allocation (psutil; /proc/meminfo without it)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        with open("/proc/meminfo") as f:
+            return int(dict(line.split(":", 1) for line in f)["MemAvailable"].split()[0]) * 1024
+
+
 def available_bytes(device: torch.device) -> tuple[int, str]:
     """Memory a step can use on `device`, and what it is (free GPU memory, or available RAM)."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)  # ROCm builds answer this too
         return int(free), f"free memory on {torch.cuda.get_device_name(device)}"
-    from wellfno.standin import available_ram
-
     return available_ram(), "available RAM"
 
 

@@ -459,14 +459,6 @@ def benchmark_markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
-def benchmark_table(root) -> str:
-    """Renderer for `<!-- table: wellfno.stats:benchmark_table -->` (python -m wellfno.results render)."""
-    from wellfno.resultfiles import caption, read_result
-
-    result = read_result(Path(root) / "results" / "04_stats_benchmark.json")
-    return benchmark_markdown(result["data"]) + "\n\n" + caption(result)
-
-
 __all__ = [
     "compute_dataset_stats", "write_stats_yaml", "format_stats_yaml", "plan_dataset", "rank_ranges",
     "plan_fingerprint", "reduce_range", "stats_from_moments", "stats_output", "ItemReader", "max_relative_difference",

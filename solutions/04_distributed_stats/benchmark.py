@@ -4,7 +4,7 @@
     python solutions/04_distributed_stats/benchmark.py --dataset-dir data/datasets/gray_scott_embedded \
         --ranks 1,2,4,8,16 --dask-workers 16                                  # a real node
     python solutions/04_distributed_stats/benchmark.py ... --json results/04_stats_benchmark.json
-        # the results file exercise 04's README table is generated from (python -m wellfno.results render)
+        # the results file exercise 04's README table is generated from (python -m coursetools.results render)
 
 Rows:
 - raw read: h5py reads every byte of the train split in the work items' chunks, no arithmetic
@@ -38,7 +38,7 @@ import numpy as np
 import yaml
 
 from wellfno.cli import UserError, run_main
-from wellfno.resultfiles import caption, read_result, write_result
+from benchtools.resultfiles import caption, read_result, write_result
 from wellfno.stats import benchmark_markdown, max_relative_difference, plan_dataset, rank_ranges
 from wellfno.wellformat import write_well_file
 

@@ -24,8 +24,9 @@ would take every core with one thread each, and the comparison would be of threa
 Writes OUT/scaling.json (a results file: the command, the machine, every number, the runs'
 commands) and OUT/scaling.png; --results PATH writes the same JSON there too (the repository's
 copy: results/05_ddp_scaling.json, rendered into exercises/05_ddp/background.md by
-`wellfno.results.ddp_scaling_table`).
-The per-rank traces stay in OUT/<mode>_<N>ranks/ for ui.perfetto.dev.
+`coursetools.results.ddp_scaling_table`).
+The per-rank traces stay in OUT/<mode>_<N>ranks/ for ui.perfetto.dev. --repeats R runs every
+point R times, round-robin, and keeps each point's fastest run (the traces are the last run's).
 """
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ import sys
 import time
 from pathlib import Path
 
+from benchtools.machine import describe
+from benchtools.resultfiles import read_result, write_result
+from benchtools.rounds import best_of_rounds
 from profiling import comms, summarize, traces
 from wellfno import data, plots
 from wellfno.cli import UserError, run_main
-from wellfno.machine import describe
-from wellfno.resultfiles import read_result, write_result
 
 SCRIPT = Path(__file__).resolve().parent / "fno.py"
 
@@ -73,14 +75,16 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"))
     p.add_argument("--out", default="runs/scaling")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every point, round-robin; each point keeps its fastest")
     p.add_argument("--results",
                    help="also write scaling.json to this path (e.g. results/05_ddp_scaling.json)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more options for fno.py")
     args = p.parse_args(argv)
-    if (min(args.ranks) < 1 or args.batch_size < 1 or args.active < 1
+    if (min(args.ranks) < 1 or args.batch_size < 1 or args.active < 1 or args.repeats < 1
             or args.max_steps < args.active + 3):
-        raise UserError("--ranks and --batch-size must be at least 1, --max-steps at least "
-                        "--active + 3 "
+        raise UserError("--ranks, --batch-size and --repeats must be at least 1, --max-steps at "
+                        "least --active + 3 "
                         "(the first steps are warm-up, never traced)")
     args.ranks = sorted(set(args.ranks))
     args.global_batch = args.global_batch or args.batch_size * max(args.ranks)
@@ -209,43 +213,47 @@ def main(argv=None):
                   dataset=str(dataset_dir), ranks=args.ranks, max_steps=args.max_steps,
                   traced_steps=args.active,
                   load_average_before=round(os.getloadavg()[0], 2), modes={}, commands=[])
-    for mode in args.modes:
-        rows = []
-        for world in args.ranks:
-            batch = args.batch_size if mode == "weak" else args.global_batch // world
-            run_dir = out / f"{mode}_{world}ranks"
-            cmd = run_command(args, world, batch, run_dir, Path(args.data_dir))
-            print(f"{mode} scaling, {world} rank(s), {batch} per rank: {shlex.join(cmd)}",
-                  flush=True)
-            started = time.perf_counter()
-            run_dir.mkdir(parents=True, exist_ok=True)
-            for old in run_dir.glob("trace_rank*.json.gz"):
-                old.unlink()  # a trace of an earlier run must not pass for this one
-            with open(run_dir / "log.txt", "w") as log:
-                try:
-                    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          timeout=args.timeout,
-                                          env={**os.environ, **({"OMP_NUM_THREADS": "1"}
-                                                                if on_cpu(args) else {})})
-                except subprocess.TimeoutExpired:
-                    raise UserError(f"{mode} scaling with {world} rank(s) took over "
-                                    f"{args.timeout:.0f} s: see {run_dir / 'log.txt'}; raise "
-                                    f"--timeout or lower --max-steps") from None
-            if done.returncode != 0:
-                raise UserError(f"{mode} scaling with {world} rank(s) failed (exit "
-                                f"{done.returncode}): "
-                                f"see {run_dir / 'log.txt'}")
-            if re.search(r"^epoch \d+/\d+ ", (run_dir / "log.txt").read_text(), re.M):
-                # validation between epochs would fall inside a traced step and inflate it
-                raise UserError(f"{mode} scaling with {world} rank(s): an epoch ended within "
-                                f"--max-steps {args.max_steps}; use a larger dataset "
-                                f"(--dataset-size) or fewer --max-steps")
-            nodes = srun_layout(world)[0] if args.launcher == "srun" else 1
-            row = dict(ranks=world, nodes=nodes, per_rank_batch=batch, global_batch=batch * world,
-                       seconds=time.perf_counter() - started,
-                       **measure(run_dir, world, batch * world))
-            rows.append(row)
+    def point(mode_world):
+        mode, world = mode_world
+        batch = args.batch_size if mode == "weak" else args.global_batch // world
+        run_dir = out / f"{mode}_{world}ranks"
+        cmd = run_command(args, world, batch, run_dir, Path(args.data_dir))
+        print(f"{mode} scaling, {world} rank(s), {batch} per rank: {shlex.join(cmd)}",
+              flush=True)
+        started = time.perf_counter()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for old in run_dir.glob("trace_rank*.json.gz"):
+            old.unlink()  # a trace of an earlier run must not pass for this one
+        with open(run_dir / "log.txt", "w") as log:
+            try:
+                done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                      timeout=args.timeout,
+                                      env={**os.environ, **({"OMP_NUM_THREADS": "1"}
+                                                            if on_cpu(args) else {})})
+            except subprocess.TimeoutExpired:
+                raise UserError(f"{mode} scaling with {world} rank(s) took over "
+                                f"{args.timeout:.0f} s: see {run_dir / 'log.txt'}; raise "
+                                f"--timeout or lower --max-steps") from None
+        if done.returncode != 0:
+            raise UserError(f"{mode} scaling with {world} rank(s) failed (exit "
+                            f"{done.returncode}): "
+                            f"see {run_dir / 'log.txt'}")
+        if re.search(r"^epoch \d+/\d+ ", (run_dir / "log.txt").read_text(), re.M):
+            # validation between epochs would fall inside a traced step and inflate it
+            raise UserError(f"{mode} scaling with {world} rank(s): an epoch ended within "
+                            f"--max-steps {args.max_steps}; use a larger dataset "
+                            f"(--dataset-size) or fewer --max-steps")
+        nodes = srun_layout(world)[0] if args.launcher == "srun" else 1
+        if shlex.join(cmd) not in result["commands"]:
             result["commands"].append(shlex.join(cmd))
+        return dict(ranks=world, nodes=nodes, per_rank_batch=batch, global_batch=batch * world,
+                    seconds=time.perf_counter() - started,
+                    **measure(run_dir, world, batch * world))
+
+    points = [(mode, world) for mode in args.modes for world in args.ranks]
+    measured = best_of_rounds(points, point, args.repeats, lambda row: row["step_ms"])
+    for mode in args.modes:
+        rows = [row for (m, _), row in zip(points, measured) if m == mode]
         for row in rows:
             row["efficiency"] = row["samples_per_second"] / (row["ranks"] / rows[0]["ranks"] *
                                                              rows[0]["samples_per_second"])

@@ -16,6 +16,7 @@ peak memory each rank's over two steps before the profiler starts, whose buffers
 too (GPU: max_memory_allocated; CPU: the rise of the peak RSS over them, with glibc returning
 freed blocks: MALLOC_MMAP_THRESHOLD_, as tests/test_memory.py measures it).
 --checkpointing instead measures one rank with and without activation checkpointing (step 10).
+--repeats N runs every configuration N times, round-robin, and keeps each one's fastest round.
 On the CPU every rank gets one thread: P ranks use P cores. Writes OUT/domain_scaling.json (a
 results file); --results PATH writes it there too. Traces stay in OUT/<mode>_<P>ranks/.
 """
@@ -29,9 +30,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchtools.resultfiles import write_result
+from benchtools.rounds import best_of_rounds
 from profiling import comms, summarize, traces
 from wellfno.cli import UserError, run_main
-from wellfno.resultfiles import write_result
 
 
 def parse_args(argv=None):
@@ -59,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=8, help="steps per run (the first 3 untraced)")
     p.add_argument(
+        "--repeats", type=int, default=1, help="rounds of every run; each row is its fastest"
+    )
+    p.add_argument(
         "--checkpointing",
         action="store_true",
         help="one rank, blocks checkpointed or not (step 10)",
@@ -73,10 +78,11 @@ def parse_args(argv=None):
         min(args.ranks) < 1
         or min(args.rows, args.cols, args.width, args.layers, args.batch_size) < 1
         or args.steps < 4
+        or args.repeats < 1
     ):
         raise UserError(
-            "--ranks, --rows, --cols, --width, --layers, --batch-size must be at least 1, "
-            "--steps at least 4"
+            "--ranks, --rows, --cols, --width, --layers, --batch-size, --repeats must be at "
+            "least 1, --steps at least 4"
         )
     args.ranks = sorted(set(args.ranks))
     return args
@@ -222,6 +228,10 @@ def run(args, name: str, world: int, grid: tuple, out: Path) -> dict:
     return row
 
 
+def _step_ms(row: dict) -> float:
+    return row["step_ms"]
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out)
@@ -231,16 +241,22 @@ def main(argv=None):
     )
     if args.checkpointing:
         grid = (args.rows, *rest)
+        runs = [(name, 1, grid) for name in ("plain", "checkpointed")]
+        rows = best_of_rounds(runs, lambda r: run(args, *r, out), args.repeats, _step_ms)
         result["modes"]["checkpointing"] = [
-            dict(run(args, name, 1, grid, out), checkpointed=name != "plain")
-            for name in ("plain", "checkpointed")
+            dict(row, checkpointed=name != "plain") for (name, _, _), row in zip(runs, rows)
         ]
     else:
+        runs = [
+            (mode, world, (args.rows * (world if mode == "weak" else max(args.ranks)), *rest))
+            for mode in args.modes
+            for world in args.ranks
+        ]
+        measured = best_of_rounds(
+            runs, lambda r: run(args, f"{r[0]}_{r[1]}ranks", *r[1:], out), args.repeats, _step_ms
+        )
         for mode in args.modes:
-            rows = []
-            for world in args.ranks:
-                grid = (args.rows * (world if mode == "weak" else max(args.ranks)), *rest)
-                rows.append(run(args, f"{mode}_{world}ranks", world, grid, out))
+            rows = [row for (m, _, _), row in zip(runs, measured) if m == mode]
             for row in rows:
                 ideal = (
                     rows[0]["step_ms"]

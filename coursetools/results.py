@@ -3,13 +3,13 @@
 Every number a README or INSTRUCTORS.md quotes comes from a JSON file under `results/`, written by
 the command that measured it, naming the machine. A table in a Markdown file is generated:
 
-    <!-- table: wellfno.results:runtimes_table -->
+    <!-- table: coursetools.results:runtimes_table -->
     | ... generated, do not edit ... |
     <!-- /table -->
 
-    python -m wellfno.results render            # regenerate every such table in the repository's docs
-    python -m wellfno.results render --check    # exit 1 if a table and its results file disagree (a test runs this)
-    python -m wellfno.results runtimes          # time each step's documented command -> results/runtimes.json
+    python -m coursetools.results render            # regenerate every such table in the repository's docs
+    python -m coursetools.results render --check    # exit 1 if a table and its results file disagree (a test runs this)
+    python -m coursetools.results runtimes          # time each step's documented command -> results/runtimes.json
 
 A renderer is any `module:function` taking the repository root and returning Markdown; tools that write a
 results file keep the renderer for it beside the code that writes it.
@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from wellfno import flops
+from benchtools.resultfiles import caption, md_table, read_result, write_result  # noqa: F401 (re-exported)
+from wellfno import flops, stats
 from wellfno.cli import UserError, atomic_write_text, run_main
-from wellfno.resultfiles import caption, md_table, read_result, write_result  # noqa: F401 (re-exported)
 
 DOCS = ("README.md", "INSTRUCTORS.md", "DESIGN.md", "slurm/README.md", "exercises/*/README.md",
         "exercises/*/background.md")
@@ -97,8 +97,23 @@ RUNTIME_COMMANDS = [
     ("04", "{py} stats.py {D}/datasets/gray_scott_embedded --out {OUT}/stats.yaml"),
     ("04", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
            "solutions/04_distributed_stats/stats.py {D}/datasets/gray_scott_embedded --out {OUT}/stats2.yaml"),
+    # 05-11: one epoch each (the exercises' runs are a few epochs of this); 2 ranks where the step
+    # is about ranks, one process otherwise; 08 in float32 (a CPU without bf16 units refuses bf16).
+    ("05", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/05_ddp/fno.py --data-dir {D} --out {OUT}/05 --epochs 1"),
+    ("06", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/06_exact_metrics/fno.py --data-dir {D} --out {OUT}/06 --epochs 1"),
+    ("07", "{py} solutions/07_host_syncs/fno.py --data-dir {D} --out {OUT}/07 --epochs 1"),
+    ("08", "{py} solutions/08_mixed_precision/fno.py --data-dir {D} --out {OUT}/08 --epochs 1"),
+    ("09", "{py} solutions/09_compile_mfu/fno.py --compile --data-dir {D} --out {OUT}/09 --epochs 1"),
+    ("10", "{py} solutions/10_checkpointing/fno.py --checkpoint-blocks --data-dir {D} --out {OUT}/10 "
+           "--epochs 1"),
+    ("11", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/11_domain_parallel/fno.py --domain-size 2 --data-dir {D} --out {OUT}/11 --epochs 1"),
     ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
+
+TRAINING_STEPS = ("05", "06", "07", "08", "09", "10", "11")  # their metrics.json: samples/s
 
 
 CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there
@@ -124,6 +139,9 @@ def _step_extras(step: str, argv: list[str], stdout: str, runs: Path) -> dict:
                              | {"samples_per_second": round(h["samples"] / h["seconds"], 1)} for h in m["history"]])
         # kept for older readers of this file
         extra.update(rollout_vrmse_step1=extra["rollout_vrmse"][0], persistence_vrmse_step1=extra["persistence_vrmse"][0])
+    elif step in TRAINING_STEPS and (runs / step / "metrics.json").exists():
+        m = json.loads((runs / step / "metrics.json").read_text())
+        extra["samples_per_second"] = round(m["samples_per_second"], 1)
     elif step == "01":
         found = sorted((runs / "01").glob("trace_rank0_steps*.json.gz"))
         if found:
@@ -135,29 +153,50 @@ def _step_extras(step: str, argv: list[str], stdout: str, runs: Path) -> dict:
     return extra
 
 
-def measure_runtimes(root: Path, out_json: Path) -> dict:
+def _run_step(root: Path, step: str, template: str, data_dir: str, runs: Path) -> dict:
+    """One documented command, timed: its row (with the figures it showed, or why it failed)."""
+    shown = template.format(py="python", D="D", OUT="OUT")
+    argv = shlex.split(template.format(py=sys.executable, D=data_dir, OUT=runs))
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    row = {"step": step, "command": shown, "seconds": round(seconds, 1)}
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines()
+                  if "Error" in line or line.startswith("error:")]
+        last = (errors or proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        row["failed"] = last.strip()[:200]
+    else:
+        row.update(_step_extras(step, argv, proc.stdout, runs))
+    return row
+
+
+def measure_runtimes(root: Path, out_json: Path, repeats: int = 1) -> dict:
+    """Each documented command run `repeats` times in a row (the later commands need the data the
+    first ones generate, so not round-robin), keeping its fastest run; each run in a fresh folder."""
     rows, failed = [], []
-    with tempfile.TemporaryDirectory(prefix="wellfno-runtimes-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="coursetools-runtimes-") as scratch:
         for step, template in RUNTIME_COMMANDS:
-            shown = template.format(py="python", D="D", OUT="OUT")
-            argv = shlex.split(template.format(py=sys.executable, D=f"{scratch}/data", OUT=f"{scratch}/runs"))
-            print(f"[{step}] {shown}", flush=True)
-            start = time.perf_counter()
-            proc = subprocess.run(argv, cwd=root, capture_output=True, text=True)
-            seconds = time.perf_counter() - start
-            row = {"step": step, "command": shown, "seconds": round(seconds, 1)}
-            if proc.returncode != 0:
-                # The table says so, and the other steps are still measured: one broken step must
-                # not cost the whole (long) run.
-                errors = [line for line in proc.stderr.splitlines() if "Error" in line or line.startswith("error:")]
-                row["failed"] = (errors or proc.stderr.strip().splitlines() or ["(no output)"])[-1].strip()[:200]
-                failed.append(f"{step} ({shown}): {row['failed']}")
-                print(f"      FAILED after {seconds:.1f} s: {row['failed']}", flush=True)
-            else:
-                row.update(_step_extras(step, argv, proc.stdout, Path(scratch, "runs")))
-                print(f"      {seconds:.1f} s", flush=True)
-            rows.append(row)
-    write_result(out_json, "python -m wellfno.results runtimes", {"rows": rows})
+            print(f"[{step}] {template.format(py='python', D='D', OUT='OUT')}", flush=True)
+            best = None
+            for i in range(repeats):
+                # the data the later commands use is the first run's; a repeat generates anew
+                data_dir = f"{scratch}/data" + (f"_repeat{i}" if step == "data" and i else "")
+                row = _run_step(root, step, template, data_dir, Path(scratch, f"runs{i}"))
+                failure = f": FAILED: {row['failed']}" if "failed" in row else ""
+                print(f"      {row['seconds']:.1f} s{failure}", flush=True)
+                if "failed" in row:
+                    # The table says so, and the other steps are still measured: one broken step
+                    # must not cost the whole (long) run.
+                    best = row
+                    break
+                if best is None or row["seconds"] < best["seconds"]:
+                    best = row
+            if "failed" in best:
+                failed.append(f"{step} ({best['command']}): {best['failed']}")
+            rows.append(dict(best, runs=repeats) if "failed" not in best else best)
+    write_result(out_json, "python -m coursetools.results runtimes" + (f" --repeats {repeats}" if repeats > 1 else ""),
+                 {"rows": rows})
     if failed:
         raise UserError(f"wrote {out_json}, but {len(failed)} step(s) failed: " + "; ".join(failed))
     return {"rows": rows}
@@ -166,7 +205,8 @@ def measure_runtimes(root: Path, out_json: Path) -> dict:
 def _caption(result: dict) -> str:
     """caption(), plus a warning when other work outnumbered the cores during the run."""
     machine = result["machine"]
-    load, cores = machine.get("load_average"), machine.get("cores")
+    loads = [machine[k] for k in ("load_average_at_start", "load_average") if machine.get(k) is not None]
+    load, cores = max(loads, default=None), machine.get("cores")
     if load is not None and cores and load > cores:
         return (caption(result) + f" _The load average ({load}) was above the number of cores ({cores}): other "
                 "jobs' noise is in these numbers; re-measure on an idle machine (`make results`)._")
@@ -316,7 +356,7 @@ def profile_transcript(root: Path) -> str:
             out.append(line)
             i += 1
     text = "\n".join(out)
-    text = re.sub(r"\S*/runs/01/", "OUT/01/", text)   # the run's scratch folder
+    text = re.sub(r"\S*/runs\d*/01/", "OUT/01/", text)   # the run's scratch folder
     shares = _profile_shares(row["profile"])
     steps = row["profile"]["steps"]
     wait_ms = sum(s["data_wait"] for s in steps) / len(steps)
@@ -438,7 +478,7 @@ def _link(name: str) -> str:
 
 
 def _stats_benchmark(root: Path) -> dict | None:
-    """Exercise 04's benchmark file, in wellfno.results' layout or in benchmark.py's own (top-level keys)."""
+    """Exercise 04's benchmark file, in write_result's layout or in benchmark.py's own (top-level keys)."""
     path = Path(root) / "results" / "04_stats_benchmark.json"
     if not path.exists():
         return None
@@ -534,6 +574,12 @@ def readme_results_table(root: Path) -> str:
     efficiency = use("efficiency_cpu/efficiency.json")
     if efficiency:  # exercises 07-09: its sentence lives beside the table it summarises
         rows.append(efficiency_readme_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
+    checkpointing = use("10_checkpointing.json")
+    if checkpointing:  # exercise 10: its sentence lives beside the table it summarises
+        rows.append(checkpointing_readme_row(checkpointing) + [_link("10_checkpointing.json")])
+    domain = use("11_domain_scaling.json")
+    if domain:
+        rows.append(domain_readme_row(domain) + [_link("11_domain_scaling.json")])
     machines = {}
     for name, res in results.items():
         if res:
@@ -545,9 +591,15 @@ def readme_results_table(root: Path) -> str:
     return md_table(["step", "command", "what it measured", "results file"], rows) + f"\n\n_Machine: {notes}._"
 
 
-# --------------------------------------------------------------------------- exercises 05 and 06
+# --------------------------------------------------------------------------- exercises 04, 05 and 06
+def stats_benchmark_table(root: Path) -> str:
+    """Exercise 04's benchmark table (solutions/04_distributed_stats/benchmark.py --json)."""
+    result = read_result(Path(root) / "results" / "04_stats_benchmark.json")
+    return stats.benchmark_markdown(result["data"]) + "\n\n" + caption(result)
+
+
 def ddp_scaling_table(root: Path) -> str:
-    """The README table of results/05_ddp_scaling.json (`python -m wellfno.results render`)."""
+    """The README table of results/05_ddp_scaling.json (`python -m coursetools.results render`)."""
     result = read_result(Path(root) / "results" / "05_ddp_scaling.json")
     rows = [[mode, r["ranks"], r["per_rank_batch"], r["global_batch"], f"{r['step_ms']:.0f}",
              f"{r['samples_per_second']:.1f}", f"{r['efficiency']:.2f}", f"{100 * r['comm_share']:.0f} %",
@@ -575,7 +627,7 @@ EFFICIENCY_RESULT = Path("results") / "efficiency_cpu" / "efficiency.json"
 
 
 def efficiency_table(root: Path) -> str:
-    """README renderer (wellfno.results): exercises 07-09's table from its committed results file."""
+    """README renderer (coursetools.results): exercises 07-09's table from its committed results file."""
     result = read_result(root / EFFICIENCY_RESULT)
     data = result["data"]
     return (flops.efficiency_markdown(data["rows"]) + f"\n\nPeak: {data['peak_device']} ({data['peak_source']}).\n\n"
@@ -584,20 +636,89 @@ def efficiency_table(root: Path) -> str:
 
 def efficiency_readme_row(result: dict) -> list[str]:
     """The course README's results row of exercises 07-09 (step, command, what it measured) from its results file."""
-    rows = {r["row"]: r for r in result["data"]["rows"]}
-    first, last = result["data"]["rows"][0], result["data"]["rows"][-1]
-    parts = [f"{first['row']}: {first['samples_per_s']:.1f} samples/s"]
-    for name, r in rows.items():
-        if name != first["row"] and r is not last:
-            parts.append(f"{name} **{r['vs_first']:.2f}×**")
-    compiled = rows.get("+ torch.compile", {}).get("compile_seconds")
-    if compiled:
-        parts[-1] += f" ({compiled:.0f} s compiling, timed apart)"
-    parts.append(f"{last['row'][2:]}: {last['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, MFU "
-                 f"**{100 * last['mfu']:.1f} %** of the {last['peak_precision']} peak ({result['data']['peak_device']}"
-                 f", an estimate)" if last["mfu"] is not None else f"{last['row'][2:]}: MFU unknown")
     return ["07-09", f"`{result['command']}` ([exercises 07-09](exercises/09_compile_mfu/background.md#what-you-should-see))",
-            "; ".join(parts) + "; GPU: the same command, to be measured"]
+            flops.efficiency_summary(result["data"]) + "; GPU: the same command, to be measured"]
+
+
+# --------------------------------------------------------------------------- exercises 10 and 11
+# Both files are written by solutions/11_domain_parallel/benchmark.py (--checkpointing for step 10).
+def _mb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e6:.1f} MB"
+
+
+def _domain_config(config: dict) -> str:
+    repeats = config.get("repeats", 1)
+    return (f"width {config['width']}, {config['layers']} blocks, {config['fno_modes']} modes per "
+            f"axis, batch {config['batch_size']}; ms/step: the median of the traced steps (of the "
+            f"slowest rank), "
+            + (f"the fastest of {repeats} rounds" if repeats > 1 else "one run")
+            + f"; {config['device'].upper()}, one thread per rank")
+
+
+def checkpointing_table(root: Path) -> str:
+    """Exercise 10's plain vs checkpointed step, from results/10_checkpointing.json."""
+    result = _result(root, "10_checkpointing.json")
+    d = result["data"]
+    by = {row["checkpointed"]: row for row in d["modes"]["checkpointing"]}
+    plain, ckpt = by[False], by[True]
+    c = d["config"]
+    rows = [[f"{plain['grid'].replace('x', '×')}, {c['layers']}, {c['batch_size']}",
+             _mb(plain["peak_bytes_per_rank"]), _mb(ckpt["peak_bytes_per_rank"]),
+             f"**{ckpt['peak_bytes_per_rank'] / plain['peak_bytes_per_rank']:.2f}**",
+             f"{plain['step_ms']:.0f}", f"{ckpt['step_ms']:.0f}",
+             f"**{ckpt['step_ms'] / plain['step_ms']:.2f}**"]]
+    return (md_table(["grid, layers, batch", "peak plain", "peak checkpointed", "peak ratio",
+                      "ms/step plain", "ms/step checkpointed", "step time ratio"], rows, "lrrrrrr")
+            + f"\n\nOne rank, synthetic batches; {_domain_config(c)}.\n\n" + _caption(result))
+
+
+def domain_scaling_table(root: Path) -> str:
+    """Exercise 11's weak and strong domain scaling, from results/11_domain_scaling.json."""
+    result = _result(root, "11_domain_scaling.json")
+    d = result["data"]
+    rows = []
+    for mode, mode_rows in d["modes"].items():
+        first = mode_rows[0]
+        for r in mode_rows:
+            if mode == "strong":
+                speed_up = first["step_ms"] / r["step_ms"]
+                scaled = f"speed-up {speed_up:.2f}× (efficiency {r['efficiency']:.2f})"
+            else:
+                scaled = f"efficiency {r['efficiency']:.2f}"
+            rows.append([mode, r["ranks"], r["grid"].replace("x", " × "), f"{r['step_ms']:.0f}",
+                         scaled,
+                         f"{100 * r['exchange_share']:.1f} %", _mb(r["peak_bytes_per_rank"])])
+    return (md_table(["mode", "ranks", "grid", "ms/step", "efficiency / speed-up", "exchange share",
+                      "peak per rank"], rows, "lrlrlrr")
+            + f"\n\nSynthetic batches; {_domain_config(d['config'])}.\n\n" + _caption(result))
+
+
+def checkpointing_readme_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 10 (step, command, what it measured)."""
+    by = {row["checkpointed"]: row for row in result["data"]["modes"]["checkpointing"]}
+    plain, ckpt = by[False], by[True]
+    link = "[exercise 10](exercises/10_checkpointing/README.md#what-you-should-see)"
+    return ["10", f"`{result['command']}` ({link})",
+            f"{plain['grid'].replace('x', '×')}, {result['data']['config']['layers']} blocks, one "
+            f"rank: peak {_mb(plain['peak_bytes_per_rank'])} plain, "
+            f"{_mb(ckpt['peak_bytes_per_rank'])} checkpointed "
+            f"(**{ckpt['peak_bytes_per_rank'] / plain['peak_bytes_per_rank']:.2f}×**), step time "
+            f"**{ckpt['step_ms'] / plain['step_ms']:.2f}×**"]
+
+
+def domain_readme_row(result: dict) -> list[str]:
+    """The course README's results row of exercise 11 (step, command, what it measured)."""
+    parts = []
+    for mode, rows in result["data"]["modes"].items():
+        first, last = rows[0], rows[-1]
+        gain = (f"efficiency **{last['efficiency']:.2f}**" if mode == "weak" else
+                f"speed-up **{first['step_ms'] / last['step_ms']:.2f}×**")
+        parts.append(f"{mode} {first['ranks']} to {last['ranks']} domain ranks: {gain}, exchange "
+                     f"{100 * last['exchange_share']:.0f} % of a step, peak per rank "
+                     f"{_mb(first['peak_bytes_per_rank'])} to {_mb(last['peak_bytes_per_rank'])}")
+    link = "[exercise 11](exercises/11_domain_parallel/README.md#what-you-should-see)"
+    return ["11", f"`{result['command']}` ({link})",
+            "; ".join(parts)]
 
 
 # --------------------------------------------------------------------------- command line
@@ -610,6 +731,8 @@ def main(argv=None) -> int:
     t = sub.add_parser("runtimes", help="time each step's documented command on this machine")
     t.add_argument("--root", default=".")
     t.add_argument("--out", default="results/runtimes.json")
+    t.add_argument("--repeats", type=int, default=1,
+                   help="runs of each command; its fastest is kept")
     args = p.parse_args(argv)
     root = Path(args.root).resolve()
     if not (root / "fno.py").is_file():
@@ -619,8 +742,10 @@ def main(argv=None) -> int:
         for path in stale:
             print(f"{'stale' if args.check else 'updated'}: {path.relative_to(root)}")
         return 1 if args.check and stale else 0
-    measure_runtimes(root, root / args.out if not Path(args.out).is_absolute() else Path(args.out))
-    print(f"wrote {args.out}; now run: python -m wellfno.results render")
+    if args.repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    measure_runtimes(root, root / args.out if not Path(args.out).is_absolute() else Path(args.out), args.repeats)
+    print(f"wrote {args.out}; now run: python -m coursetools.results render")
     return 0
 
 

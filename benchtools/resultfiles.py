@@ -1,8 +1,10 @@
 """Results files: what a measuring command ran, on which machine, when, and what it measured.
 
-The bottom of the numbers pipeline: benchmarks write these files (`write_result`); wellfno.results renders
-the docs' tables from them. No renderer lives here, so any module may write or read a results file without
-importing the renderers.
+The bottom of the numbers pipeline: benchmarks write these files (`write_result`);
+coursetools.results renders the docs' tables from them. No renderer lives here, so any module may
+write or read a results file without importing the renderers. The machine's `load_average` is the
+load when the file was written (the end of the measurement); `make results` (coursetools.measure)
+adds the load at its start (`add_load_at_start`).
 """
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from benchtools.machine import describe, machine_info
 from wellfno.cli import UserError, atomic_write_json
-from wellfno.machine import describe, machine_info
 
 
 def write_result(path: str | os.PathLike, command: str, data: dict, device=None) -> Path:
@@ -31,8 +33,16 @@ def read_result(path: str | os.PathLike) -> dict:
     except json.JSONDecodeError as err:
         raise UserError(f"{path} is not valid JSON ({err.msg}): run its command again") from None
     if not isinstance(result, dict) or not {"command", "machine", "data"} <= result.keys():
-        raise UserError(f"{path} lacks command/machine/data: it was not written by wellfno.results.write_result")
+        raise UserError(f"{path} lacks command/machine/data: it was not written by benchtools.resultfiles.write_result")
     return result
+
+
+def add_load_at_start(path: str | os.PathLike, load: float | None) -> None:
+    """Add to a results file the load average when its command started (the rest stays)."""
+    result = read_result(path)
+    if load is not None and isinstance(result.get("machine"), dict):
+        result["machine"]["load_average_at_start"] = load
+        atomic_write_json(path, result)
 
 
 def caption(result: dict) -> str:

@@ -1,14 +1,14 @@
 """Day-0 check of a GPU node: will the course work here? (slurm/00_gpu_check.sbatch runs it.)
 
-    srun ... python -m wellfno.gpucheck task --out DIR      # every task: versions, visible devices,
+    srun ... python -m coursetools.gpucheck task --out DIR      # every task: versions, visible devices,
                                                            # placement, matmul + FFT vs CPU float64
-    python -m wellfno.gpucheck node --out DIR [--pytest]   # one process with the node's GPUs:
+    python -m coursetools.gpucheck node --out DIR [--pytest]   # one process with the node's GPUs:
                                                            # utilization during training steps;
                                                            # the course's steps on the GPU (DDP's
                                                            # complex gradients over NCCL/RCCL and
                                                            # its transport, 06 with bf16 and
                                                            # compile, peak memory); `pytest -m gpu`
-    python -m wellfno.gpucheck report DIR [--expect-gpu]   # DIR/gpu_check.json + gpu_check.txt;
+    python -m coursetools.gpucheck report DIR [--expect-gpu]   # DIR/gpu_check.json + gpu_check.txt;
                                                            # exit 1 when a check failed
 
 On a node without a GPU every part still runs, on the CPU, and the report says
@@ -590,7 +590,7 @@ def step_06_lines(step: dict | None) -> list[str]:
 
 
 def report_text(rep: dict) -> str:
-    from wellfno.machine import cpu_model
+    from benchtools.machine import cpu_model
 
     lines = [f"GPU check: {rep['status']}   (CPU: {cpu_model()})"]
     if rep["tasks"]:

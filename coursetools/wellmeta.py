@@ -1,6 +1,6 @@
 """The Well's published metadata for its 23 datasets, and a format check against it.
 
-`wellfno/well_metadata/` holds each dataset's `NAME.yaml` (dimensions, resolution,
+`coursetools/well_metadata/` holds each dataset's `NAME.yaml` (dimensions, resolution,
 grid, field names by tensor order, constant fields and scalars, boundary types,
 files, trajectories, steps) and `NAME.stats.yaml` (its published normalization
 statistics), copied unchanged from github.com/PolymathicAI/the_well (see the
@@ -10,7 +10,6 @@ every field, shape, dtype and attribute the_well's WellDataset relies on.
 """
 from __future__ import annotations
 
-import difflib
 import itertools
 import os
 from dataclasses import dataclass
@@ -23,9 +22,10 @@ import numpy as np
 import yaml
 
 from wellfno.cli import UserError
+from wellfno.data import unknown_dataset
 from wellfno.wellformat import split_files
 
-METADATA = files("wellfno") / "well_metadata"
+METADATA = files("coursetools") / "well_metadata"
 STATS_KEYS = ("mean", "std", "mean_delta", "std_delta", "rms", "rms_delta")
 
 # The metadata lists a dataset's boundary types as a set; which axis (and which
@@ -63,24 +63,10 @@ def dataset_names() -> list[str]:
                    if p.name.endswith(".yaml") and not p.name.endswith(".stats.yaml")), key=str.lower)
 
 
-def unknown_dataset(name: str, extra: tuple[str, ...] = ()) -> UserError:
-    """One line: the name is unknown; the closest names, else all of them."""
-    known = [*extra, *dataset_names()]
-    by_lower = {k.lower(): k for k in known}
-    # names that contain what was typed (a prefix, a part), then the most similar ones
-    close = [k for k in by_lower if name.lower() in k] if len(name) >= 3 else []
-    close += [k for k in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5) if k not in close]
-    if close:
-        hint = "did you mean " + " or ".join(by_lower[c] for c in close[:4]) + "?"
-    else:
-        hint = "known: " + ", ".join(known)
-    return UserError(f"unknown dataset '{name}': {hint} (`python -m wellfno.standin --table` lists all)")
-
-
 @lru_cache(maxsize=None)
 def _read(name: str, kind: str) -> dict:
     if name not in dataset_names():
-        raise unknown_dataset(name)
+        raise unknown_dataset(name, dataset_names())
     return yaml.safe_load((METADATA / f"{name}{kind}").read_text())
 
 
