@@ -21,8 +21,6 @@ from tests.conftest import exit_of
 from tests.ddp_helpers import (N_TRAIN, N_VALID, SMALL, assert_ok, error_lines, launch,
                                in_process, max_relative_difference, one_rank_reference,
                                parameters, probe_env, read_probe)
-# noqa: F401 - fixtures of the Slurm tests
-from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data
 
 STEP = "06_exact_metrics"  # the cross-step matrix (tests/conftest.py) supplies `script`
 
@@ -171,19 +169,6 @@ def test_split_smaller_than_world_is_one_line(script, tiny_data_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-# noqa: F811
-def test_slurm_06_two_tasks_then_one_task_evaluates(slurm_cluster, slurm_data, tmp_path):
-    """slurm/06_exact_metrics.sbatch on the local cluster: 2 ranks train, then 1 task evaluates the
-    checkpoint: the same validation loss."""
-    job = run_job("06_exact_metrics.sbatch", "--epochs", "1", "--batch-size", "2",
-                  "--n-steps-input", "10",
-                  "--seed", "3", env=job_env(tmp_path / "runs", slurm_data),
-                  run_root=tmp_path / "runs", timeout=600)
-    job.assert_completed()
-    metrics = json.loads((job.run_dir / "metrics.json").read_text())
-    evaluation = json.loads((job.run_dir / "eval.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4 and evaluation["world_size"] == 1
-    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-6 * abs(metrics["valid_loss"])
-    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in job.logs()
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_06_two_tasks_then_one_task_evaluates.

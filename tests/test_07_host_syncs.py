@@ -13,7 +13,6 @@ import torch
 
 from profiling import syncs
 from tests.conftest import REPO, exit_of
-from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - Slurm fixtures
 from tests.train_helpers import RUN, run_once
 
 STEP = "07_host_syncs"  # the cross-step matrix (tests/conftest.py) supplies `script`
@@ -83,14 +82,6 @@ def test_log_every_zero_is_a_one_line_error(script_module, tiny_data_dir, tmp_pa
     assert not (tmp_path / "out").exists(), "nothing may be written"
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_slurm_07_counts_the_syncs_per_step(slurm_cluster, slurm_data, tmp_path):  # noqa: F811
-    """slurm/07_host_syncs.sbatch on the local test cluster: two profiled runs, their syncs per step."""
-    run_root = tmp_path / "runs"
-    job = run_job("07_host_syncs.sbatch", "--batch-size", "2", env=job_env(run_root, slurm_data),
-                  run_root=run_root, timeout=900)
-    job.assert_completed()
-    out = job.out.read_text()
-    assert "--log-every 1000: host syncs per traced step [0, 0, 0, 0, 0]" in out, out[-2000:]
-    assert "--log-every 1: host syncs per traced step [1, 1, 1, 1, 1]" in out, out[-2000:]
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_07_counts_the_syncs_per_step.

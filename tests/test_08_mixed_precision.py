@@ -12,7 +12,6 @@ import torch
 from tests.checks import last_error_line, require, task
 from tests.conftest import REPO, run_script
 from tests.fixtures.cpuinfo import RECORDED
-from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 - Slurm fixtures
 from tests.train_helpers import RUN, per_step_losses, run_once, train
 from wellfno.amp import cpu_bf16_units, cpu_flags, cpuinfo_flags
 
@@ -121,16 +120,6 @@ def test_metrics_record_the_peak_memory(script, tiny_data_dir, finished_run):
         "metrics.json needs peak_memory_bytes and peak_memory_of (task 4)"
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_slurm_08_runs_each_precision(slurm_cluster, slurm_data, tmp_path):  # noqa: F811
-    """slurm/08_mixed_precision.sbatch on the local test cluster: float32, bf16 and fp16 side by side."""
-    run_root = tmp_path / "runs"
-    job = run_job("08_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
-                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=900)
-    job.assert_completed()
-    # bf16 runs where the node's CPU has bf16 units (the test cluster's nodes are this machine)
-    amps = ("none", "bf16", "fp16") if this_cpu_has_bf16_units() else ("none", "fp16")
-    for amp in amps:
-        assert (job.run_dir / f"amp_{amp}" / "metrics.json").is_file(), f"no metrics.json for --amp {amp}"
-    assert job.out.read_text().count("peak memory") == len(amps)
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_08_runs_each_precision.

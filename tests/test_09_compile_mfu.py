@@ -14,7 +14,6 @@ import torch
 from profiling import syncs
 from tests.conftest import REPO, call_main, exit_of, run_script
 from tests.train_helpers import RUN, per_step_losses, run_once, train
-from tests.test_slurm import job_env, run_job, slurm_cluster, slurm_data  # noqa: F401 (fixtures)
 from wellfno import flops
 
 # -- wellfno.flops against hand counts ---------------------------------------------------
@@ -220,27 +219,9 @@ def test_compile_without_a_compiler_is_one_line_error(script, tiny_data_dir, tmp
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_slurm_efficiency_job_writes_its_table(slurm_cluster, slurm_data, tmp_path):  # noqa: F811
-    """slurm/09_compile_mfu.sbatch on the local test cluster: the benchmark's rows, no vendor profiler on a CPU."""
-    run_root = tmp_path / "runs"
-    job = run_job("09_compile_mfu.sbatch", "--steps", "2", "--no-compile", "--width", "8",
-                  "--batch-size", "4",
-                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=900)
-    job.assert_completed()
-    result = json.loads((job.run_dir / "efficiency.json").read_text())
-    rows = result["data"]["rows"]
-    from tests.test_08_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
-
-    mixed = "08 mixed precision (bf16)" if this_cpu_has_bf16_units() else "08 mixed precision"
-    assert [r["row"] for r in rows] == ["06 baseline", "07 no host syncs", mixed,
-                                        "09 width 8, batch 4"]
-    assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows
-               if r["skipped"] is None)
-    assert (job.run_dir / "efficiency.png").is_file()
-    assert "no vendor profiler run" in job.out.read_text()
-
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_efficiency_job_writes_its_table.
 
 # -- drift from 05 fixed in 06 (issue 18, "Why" 4 and 5) ------------------------------------------
 

@@ -33,12 +33,6 @@ from tests.test_05_ddp import (
     max_relative_difference,
     parameters,
 )
-from tests.test_slurm import (
-    job_env,
-    run_job,
-    slurm_cluster,
-    slurm_data,
-)  # noqa: F401 - fixtures of the Slurm tests
 
 STEP = "11_domain_parallel"  # the cross-step matrix (tests/conftest.py) supplies `script`
 ONE_STEP = ("--epochs", "1", "--max-steps", "1", *SMALL)
@@ -379,46 +373,9 @@ def test_a_checkpoint_of_another_model_size_is_one_line(script, tiny_data_dir, o
 
 
 # --------------------------------------------------------------------------- Slurm
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates(
-    slurm_cluster, slurm_data, tmp_path
-):  # noqa: F811
-    """slurm/11_domain_parallel.sbatch on the local cluster: srun starts one domain group of 2 tasks
-    (--domain-size = tasks per node), then 1 task evaluates the checkpoint: the same valid loss.
-    """
-    job = run_job(
-        "11_domain_parallel.sbatch",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "2",
-        "--n-steps-input",
-        "10",
-        "--seed",
-        "3",
-        env=job_env(tmp_path / "runs", slurm_data),
-        run_root=tmp_path / "runs",
-        timeout=600,
-    )
-    job.assert_completed()
-    metrics = json.loads((job.run_dir / "metrics.json").read_text())
-    evaluation = json.loads((job.run_dir / "eval.json").read_text())
-    assert (
-        metrics["world_size"] == 2
-        and metrics["global_batch_size"] == 2
-        and evaluation["world_size"] == 1
-    )
-    assert metrics["config"]["domain_size"] == 2
-    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-5 * abs(
-        metrics["valid_loss"]
-    )
-    log = job.logs()
-    assert (
-        "Training on 2 rank(s) (srun, gloo backend, cpu)" in log
-        and "1 data x 2 domain ranks" in log
-    ), log
-
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates.
 
 # --------------------------------------------------------------------------- benchmark
 @pytest.mark.slow

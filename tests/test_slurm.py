@@ -10,9 +10,26 @@ Every job runs the CPU variant on tiny generated data, and the tests check what
 the job really did: its final state (COMPLETED), the files in its run folder,
 the statistics against the serial program, the CPU masks against Slurm's own
 cpu-bind report.
+
+The jobs, and what each proves (all but the requeue job and gpu_select's sruns are submitted
+together, `batch`, and run side by side on the two nodes):
+- 00_baseline on an empty data folder: the data is generated, the baseline trains (5 steps);
+- 04_stats (srun -n 2) and 04_stats_torchrun (2 workers): statistics equal to the serial one;
+- 03_affinity_report with 2 x 1 and 1 x 2 CPUs: each rank's CPUs are the mask Slurm applied;
+- three 04_stats jobs with a bad site setting: each FAILS with one `error:` line naming it;
+- 00_baseline signalled USR1 while it trains: it requeues itself under its id;
+- 01_profiling (8 steps), 02_throughput (2 points), 03_affinity_train (1 step): their outputs;
+- submit_all.sh in probe mode (no program runs) on an NVIDIA, an AMD and a CPU site: every task
+  of the course holds the GPUs, CPUs and variables it should;
+- srun of gpu_select.sh under Slurm's GPU modes: it keeps what Slurm set;
+- 00_gpu_check on a CPU site (passes) and on a GPU site whose torch sees no GPU (fails);
+- 01_profiling on a GPU site without GPUs: fails in one line saying how to submit it.
+- one job of each later step (05, 06, 07 with 7 steps, 08, 09, 11; moved here from their
+  tests/test_NN_*.py): the outputs and checks of each step's job script.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -140,21 +157,57 @@ def job_state(jobid: str) -> tuple[str, str]:
     return "UNKNOWN", ""
 
 
+# How often a test asks slurmctld for a job's state: one scontrol call (about 10 ms of CPU) a
+# quarter second. A poll that grew to 3 s cost the suite about 1.5 s per job on average.
+POLL_S = 0.25
+
+
 def wait(job: Job, timeout: float = 180) -> Job:
+    """The job once it has ended; `timeout` counts its time in the queue too (a batch's jobs
+    may wait for each other's nodes), so it bounds a failure, not a run."""
     deadline = time.monotonic() + timeout
-    delay = 0.5
     while time.monotonic() < deadline:
         job.state, job.exit_code = job_state(job.id)
         if job.state in TERMINAL:
             return job
-        time.sleep(delay)
-        delay = min(delay * 1.5, 3)
+        time.sleep(POLL_S)
     _cmd("scancel", job.id)
     pytest.fail(f"job {job.id} ({job.name}) still {job.state} after {timeout:.0f}s; cancelled\n{job.logs()}")
 
 
 def run_job(script: str, *args: str, env: dict, run_root: Path, sbatch_opts=(), timeout=180) -> Job:
     return wait(sbatch(script, *args, env=env, run_root=run_root, sbatch_opts=sbatch_opts), timeout)
+
+
+# --------------------------------------------------------------------------- a batch of jobs
+# A module's jobs that share nothing are submitted together, when its first test needs them
+# (`submit_batch` in a module-scoped fixture): Slurm runs them side by side on the two nodes, so
+# both cores work while a test waits, the queue never idles between tests, and each test waits
+# only for its own jobs. Only the selected tests' jobs are submitted (`pytest -k` works), and
+# whatever a failed test did not wait for is cancelled when the module ends.
+def submit_batch(request, table: dict, tmp_path_factory, **kwargs):
+    """{test id: what table[test id](root, **kwargs) submitted} for this module's selected tests;
+    a generator for a fixture: yields that dict, cancels the jobs in it at the end."""
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    submitted = {}
+    for name, submit in table.items():
+        if name in selected:
+            root = tmp_path_factory.mktemp(re.sub(r"\W+", "_", name)[:40])
+            submitted[name] = submit(root, **kwargs)
+    yield submitted
+    ids = [job.id for job in _jobs_in(submitted) if job.state not in TERMINAL]
+    if ids:
+        _cmd("scancel", *ids)
+
+
+def _jobs_in(x) -> list[Job]:
+    if isinstance(x, Job):
+        return [x]
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        return [job for item in x for job in _jobs_in(item)]
+    return []
 
 
 def need(path: str):
@@ -299,13 +352,59 @@ def test_slurm_every_job_script_has_a_line_in_submit_all(tmp_path):
     assert r.returncode == 2 and "no submitted step starts with '99'" in r.stderr
 
 
-def test_slurm_baseline_trains_and_writes_results(slurm_cluster, tmp_path):
+# --------------------------------------------------------------------------- the batch
+# What each test below submits, by test id (see submit_batch): every job of this module but
+# the dry runs' and gpu_select's sruns. Each runs the real job script on tiny data.
+BATCH: dict = {}
+NEEDS_GPUS: set = set()  # submitted only where the cluster has stand-in GPUs
+
+
+def batched(test_id: str, gpus: bool = False, **params):
+    """Register `submit(root, data, **params)` as what test `test_id` submits (stackable)."""
+    def register(submit):
+        BATCH[test_id] = functools.partial(submit, **params)
+        if gpus:
+            NEEDS_GPUS.add(test_id)
+        return submit
+    return register
+
+
+def _gpu_count() -> int:
+    r = _cmd("sinfo", "-h", "-N", "-o", "%G")
+    return sum(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", r.stdout))
+
+
+@pytest.fixture(scope="module")
+def batch(request, slurm_cluster, slurm_data, tmp_path_factory):
+    table = BATCH if _gpu_count() >= 2 else {k: v for k, v in BATCH.items() if k not in NEEDS_GPUS}
+    yield from submit_batch(request, table, tmp_path_factory, data=slurm_data)
+
+
+@pytest.fixture(scope="session")
+def serial_stats(slurm_data, tmp_path_factory) -> Path:
+    """stats.yaml of the serial program (stats.py) on the tiny dataset: what every distributed
+    statistics job must give, computed once."""
+    need("stats.py")
+    out = tmp_path_factory.mktemp("serial_stats") / "stats.yaml"
+    r = subprocess.run([sys.executable, "stats.py", str(slurm_data / "datasets" / DATASET),
+                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"serial stats.py failed:\n{r.stderr}"
+    return out
+
+
+@batched("test_slurm_baseline_trains_and_writes_results")
+def _baseline(root, data):
+    well_data, run_root = root / "data", root / "runs"  # an EMPTY data folder
+    return sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
+                  env=job_env(run_root, well_data), run_root=run_root), well_data
+
+
+def test_slurm_baseline_trains_and_writes_results(batch, request):
     """00_baseline on an EMPTY data folder: generates tiny data, trains, writes its results."""
     need("fno.py")
     need("wellfno/grayscott.py")
-    well_data, run_root = tmp_path / "data", tmp_path / "runs"
-    job = run_job("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
-                  env=job_env(run_root, well_data), run_root=run_root, timeout=240)
+    job, well_data = batch[request.node.name]
+    wait(job, timeout=600)
     job.assert_completed()
     assert (well_data / "datasets" / DATASET / "data" / "train").is_dir(), "dataset was not generated"
     assert job.run_dir.is_dir(), f"no run folder {job.run_dir}\n{job.logs()}"
@@ -319,19 +418,23 @@ def test_slurm_baseline_trains_and_writes_results(slurm_cluster, tmp_path):
     assert "device=cpu" in (job.run_dir / "job.txt").read_text()
 
 
-@pytest.mark.parametrize("script", ["04_stats.sbatch", "04_stats_torchrun.sbatch"])
-def test_slurm_stats_two_tasks_equal_serial(slurm_cluster, slurm_data, tmp_path, script):
-    """Statistics with 2 ranks (srun -n 2, or torchrun with 2 workers) == the serial program."""
-    need("stats.py")
-    need("solutions/04_distributed_stats/stats.py")
-    dataset_dir = slurm_data / "datasets" / DATASET
-    serial = tmp_path / "serial.yaml"
-    r = subprocess.run([sys.executable, "stats.py", str(dataset_dir), "--out", str(serial)],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"serial stats.py failed:\n{r.stderr}"
-    run_root = tmp_path / "runs"
-    job = run_job(script, env=job_env(run_root, slurm_data), run_root=run_root,
+STATS_SCRIPTS = ("04_stats.sbatch", "04_stats_torchrun.sbatch")
+
+
+@batched(f"test_slurm_stats_two_tasks_equal_serial[{STATS_SCRIPTS[0]}]", script=STATS_SCRIPTS[0])
+@batched(f"test_slurm_stats_two_tasks_equal_serial[{STATS_SCRIPTS[1]}]", script=STATS_SCRIPTS[1])
+def _stats(root, data, script):
+    run_root = root / "runs"
+    return sbatch(script, env=job_env(run_root, data), run_root=run_root,
                   sbatch_opts=["--ntasks=2"] if script == "04_stats.sbatch" else [])
+
+
+@pytest.mark.parametrize("script", STATS_SCRIPTS)
+def test_slurm_stats_two_tasks_equal_serial(batch, request, serial_stats, script):
+    """Statistics with 2 ranks (srun -n 2, or torchrun with 2 workers) == the serial program."""
+    need("solutions/04_distributed_stats/stats.py")
+    serial = serial_stats
+    job = wait(batch[request.node.name], timeout=600)
     job.assert_completed()
     assert "ntasks=2" in (job.run_dir / "job.txt").read_text()
     expected = yaml.safe_load(serial.read_text())
@@ -340,14 +443,20 @@ def test_slurm_stats_two_tasks_equal_serial(slurm_cluster, slurm_data, tmp_path,
     _assert_same_numbers(got, expected)
 
 
+@batched("test_slurm_affinity_report_shows_slurm_masks[2-1]", ntasks=2, cpus_per_task=1)
+@batched("test_slurm_affinity_report_shows_slurm_masks[1-2]", ntasks=1, cpus_per_task=2)
+def _affinity_report(root, data, ntasks, cpus_per_task):
+    run_root = root / "runs"
+    return sbatch("03_affinity_report.sbatch", env=job_env(run_root, data), run_root=run_root,
+                  sbatch_opts=[f"--ntasks={ntasks}", f"--cpus-per-task={cpus_per_task}"])
+
+
 @pytest.mark.parametrize("ntasks,cpus_per_task", [(2, 1), (1, 2)])
-def test_slurm_affinity_report_shows_slurm_masks(slurm_cluster, slurm_data, tmp_path, ntasks, cpus_per_task):
+def test_slurm_affinity_report_shows_slurm_masks(batch, request, ntasks, cpus_per_task):
     """Each rank reports exactly the CPUs of the mask Slurm says it applied; with
     --cpus-per-task=2 the step gets 2 CPUs per task (SRUN_CPUS_PER_TASK passed on)."""
     need("affinity/report.py")
-    run_root = tmp_path / "runs"
-    job = run_job("03_affinity_report.sbatch", env=job_env(run_root, slurm_data), run_root=run_root,
-                  sbatch_opts=[f"--ntasks={ntasks}", f"--cpus-per-task={cpus_per_task}"])
+    job = wait(batch[request.node.name], timeout=600)
     job.assert_completed()
     # Slurm's own words: "cpu-bind=MASK - vm, task  0  0 [1234]: mask 0x1 set"
     masks = {int(t): _mask_cpus(m) for t, m in
@@ -365,9 +474,9 @@ def test_slurm_affinity_report_shows_slurm_masks(slurm_cluster, slurm_data, tmp_
         assert not set.intersection(*seen.values()), "ranks share cores under --cpu-bind=cores"
 
 
-def test_slurm_bad_site_settings_fail_in_one_line(slurm_cluster, slurm_data, tmp_path):
-    """A wrong GPU_VENDOR, a missing dataset, an empty WELL_DATA in site.env: the job
-    FAILS with one `error:` line that names the setting."""
+@batched("test_slurm_bad_site_settings_fail_in_one_line")
+def _bad_site(tmp_path, data):
+    slurm_data = data
     run_root = tmp_path / "runs"
     jobs = [
         (sbatch("04_stats.sbatch", env=job_env(run_root, slurm_data, GPU_VENDOR="nvidai"),
@@ -385,22 +494,35 @@ def test_slurm_bad_site_settings_fail_in_one_line(slurm_cluster, slurm_data, tmp
     env = job_env(run_root, slurm_data, WELLFNO_ROOT=str(root))
     del env["WELL_DATA"]
     jobs.append((sbatch(str(root / "slurm" / "04_stats.sbatch"), env=env, run_root=run_root), "WELL_DATA"))
-    for job, needle in jobs:
-        wait(job, timeout=60)
+    return jobs
+
+
+def test_slurm_bad_site_settings_fail_in_one_line(batch, request):
+    """A wrong GPU_VENDOR, a missing dataset, an empty WELL_DATA in site.env: the job
+    FAILS with one `error:` line that names the setting."""
+    for job, needle in batch[request.node.name]:
+        wait(job, timeout=600)
         assert job.state == "FAILED", f"job {job.id} ended {job.state}, expected FAILED\n{job.logs()}"
         errors = error_lines(job.err.read_text())
         assert len(errors) == 1 and needle in errors[0], f"expected one error line about {needle}\n{job.logs()}"
 
 
-def test_slurm_baseline_requeues_itself_near_time_limit(slurm_cluster, slurm_data, tmp_path):
+def test_slurm_baseline_requeues_itself_near_time_limit(batch, slurm_data, tmp_path):
     """The signal Slurm sends before the time limit (--signal=B:USR1@...) makes the
     baseline job requeue itself under the same id, so it finds its run folder again.
-    (Slurm holds a requeued job ~2 minutes before it may start again: the test stops there.)"""
+    (Slurm holds a requeued job ~2 minutes before it may start again: the test stops there.)
+    Not in the batch: it must be signalled while it trains."""
     need("fno.py")
     run_root = tmp_path / "runs"
     job = sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
                  env=job_env(run_root, slurm_data), run_root=run_root)
     try:
+        deadline = time.monotonic() + 600  # it may wait for a node behind the batch's other jobs
+        while time.monotonic() < deadline:
+            job.state, _ = job_state(job.id)
+            if job.state != "PENDING":
+                break
+            time.sleep(POLL_S)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the training step runs: the trap is set
             steps = _cmd("squeue", "-h", "-s", "-j", job.id, "-o", "%i").stdout.split()
@@ -408,7 +530,7 @@ def test_slurm_baseline_requeues_itself_near_time_limit(slurm_cluster, slurm_dat
                 break
             job.state, _ = job_state(job.id)
             assert job.state not in TERMINAL, f"job ended {job.state} before it could be signalled\n{job.logs()}"
-            time.sleep(0.3)
+            time.sleep(POLL_S)
         else:
             pytest.fail(f"job {job.id} never started its training step\n{job.logs()}")
         r = _cmd("scancel", "--batch", "--signal=USR1", job.id)
@@ -419,7 +541,7 @@ def test_slurm_baseline_requeues_itself_near_time_limit(slurm_cluster, slurm_dat
             info = _cmd("scontrol", "show", "job", "-o", job.id).stdout
             if re.search(r"Restarts=1\b", info) and re.search(r"JobState=(PENDING|REQUEUED)", info):
                 break
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         else:
             pytest.fail(f"job {job.id} was not requeued: {info}\n{job.logs()}")
         assert "requeueing job" in job.err.read_text()
@@ -428,14 +550,19 @@ def test_slurm_baseline_requeues_itself_near_time_limit(slurm_cluster, slurm_dat
         _cmd("scancel", job.id)
 
 
-def test_slurm_profiling_writes_trace_summary_and_timeline(slurm_cluster, slurm_data, tmp_path):
+@batched("test_slurm_profiling_writes_trace_summary_and_timeline")
+def _profiling(root, data):
+    run_root = root / "runs"
+    return sbatch("01_profiling.sbatch", "--max-steps", "8", "--batch-size", "4",
+                  env=job_env(run_root, data), run_root=run_root)
+
+
+def test_slurm_profiling_writes_trace_summary_and_timeline(batch, request):
     """01_profiling: the profiled solution writes a valid Chrome trace with 5 recorded steps."""
     need("solutions/01_profiling/fno.py")
     import gzip
     import json
-    run_root = tmp_path / "runs"
-    job = run_job("01_profiling.sbatch", "--max-steps", "8", "--batch-size", "4",
-                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=240)
+    job = wait(batch[request.node.name], timeout=600)
     job.assert_completed()
     traces = sorted(job.run_dir.glob("trace_rank0_steps*.json.gz"))
     assert len(traces) == 1, f"no trace in {job.run_dir}\n{job.logs()}"
@@ -446,14 +573,19 @@ def test_slurm_profiling_writes_trace_summary_and_timeline(slurm_cluster, slurm_
     assert "forward" in (job.run_dir / "profile_summary.txt").read_text()
 
 
-def test_slurm_throughput_sweep_writes_its_table(slurm_cluster, slurm_data, tmp_path):
+@batched("test_slurm_throughput_sweep_writes_its_table")
+def _throughput(root, data):
+    run_root = root / "runs"
+    return sbatch("02_throughput.sbatch", "--workers", "0,1", "--readers", "fast",
+                  "--seconds", "0.3", "--warmup", "1", "--repeats", "1", "--batch-size", "4",
+                  env=job_env(run_root, data), run_root=run_root)
+
+
+def test_slurm_throughput_sweep_writes_its_table(batch, request):
     """02_throughput: a minimal sweep runs as a job and writes json/csv/png with the measured columns."""
     need("profiling/throughput.py")
     import json
-    run_root = tmp_path / "runs"
-    job = run_job("02_throughput.sbatch", "--workers", "0,1", "--readers", "fast", "--seconds", "0.3",
-                  "--warmup", "1", "--repeats", "1", "--batch-size", "4",
-                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=240)
+    job = wait(batch[request.node.name], timeout=600)
     job.assert_completed()
     result = json.loads((job.run_dir / "throughput.json").read_text())
     rows = result["rows"] if isinstance(result, dict) else result
@@ -463,13 +595,19 @@ def test_slurm_throughput_sweep_writes_its_table(slurm_cluster, slurm_data, tmp_
     assert (job.run_dir / "throughput.csv").is_file() and (job.run_dir / "throughput.png").is_file()
 
 
-def test_slurm_affinity_train_binds_each_rank_and_its_workers(slurm_cluster, slurm_data, tmp_path):
+@batched("test_slurm_affinity_train_binds_each_rank_and_its_workers")
+def _affinity_train(root, data):
+    run_root = root / "runs"
+    return sbatch("03_affinity_train.sbatch", "--epochs", "1", "--max-steps", "1",
+                  "--batch-size", "8",
+                  env=job_env(run_root, data), run_root=run_root,
+                  sbatch_opts=["--ntasks=2", "--cpus-per-task=1"])
+
+
+def test_slurm_affinity_train_binds_each_rank_and_its_workers(batch, request):
     """03_affinity_train: two ranks bind themselves to disjoint cores; workers stay inside their rank's."""
     need("solutions/03_affinity/fno.py")
-    run_root = tmp_path / "runs"
-    job = run_job("03_affinity_train.sbatch", "--epochs", "1", "--max-steps", "1", "--batch-size", "8",
-                  env=job_env(run_root, slurm_data), run_root=run_root, timeout=240,
-                  sbatch_opts=["--ntasks=2", "--cpus-per-task=1"])
+    job = wait(batch[request.node.name], timeout=600)
     job.assert_completed()
     report = (job.run_dir / "affinity_report.txt").read_text()
     ranks = {int(m.group(1)): _cpus(m.group(2)) for m in
@@ -540,21 +678,28 @@ def _gpu_ids(rec: dict, vendor: str) -> list[str]:
     return value.split(",") if value else []
 
 
-def test_slurm_every_job_hands_each_task_its_devices(slurm_gpus, slurm_data, tmp_path):
+@batched("test_slurm_every_job_hands_each_task_its_devices", gpus=True)
+def _every_job(tmp_path, data):
+    sites = {}
+    for vendor in ("nvidia", "amd", "none"):
+        root = tmp_path / vendor
+        env = job_env(root / "runs", data, GPU_VENDOR=vendor,
+                      GPUS_PER_NODE="2" if vendor != "none" else "0", CPUS_PER_GPU="1",
+                      LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
+        sites[vendor] = (root, _submit_all(env))
+    return sites
+
+
+def test_slurm_every_job_hands_each_task_its_devices(slurm_gpus, batch, request):
     """The whole course through submit_all.sh on a 2-GPU 'NVIDIA', a 2-GPU 'AMD' and a CPU site
     (GPU_VENDOR=nvidia|amd|none; GPUS_PER_NODE=2, CPUS_PER_GPU=1 on the 2-core node): every job
     completes, and every task of every GPU step holds exactly one GPU of its own, the CPUs and
     threads it should, `--device cuda`, and on AMD the variables HIP reads right and the caches
-    on node-local storage; the statistics hold no GPU."""
-    sites = {}
-    for vendor in ("nvidia", "amd", "none"):
-        root = tmp_path / vendor
-        env = job_env(root / "runs", slurm_data, GPU_VENDOR=vendor, GPUS_PER_NODE="2" if vendor != "none" else "0",
-                      CPUS_PER_GPU="1", LOCAL_TMP=str(root / "local"), WELLFNO_PROBE=str(root / "probe"))
-        sites[vendor] = (root, _submit_all(env))
+    on node-local storage; the statistics hold no GPU (probe mode: no program runs)."""
+    sites = batch[request.node.name]
     for vendor, (root, jobs) in sites.items():
         for job in jobs:
-            wait(job, timeout=300)
+            wait(job, timeout=600)
             job.assert_completed()
         assert [j.name for j in jobs][0] == "00_gpu_check"
 
@@ -620,7 +765,7 @@ def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
     r = subprocess.run(["srun", "--time=2", "-N1", *srun_opts,
                         "bash", str(SLURM_DIR / "gpu_select.sh"),
                         sys.executable, str(SLURM_DIR / "ci" / "probe_task.py")],
-                       env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     recs = [__import__("json").loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     recs.sort(key=lambda x: int(x["env"]["SLURM_PROCID"]))
@@ -652,18 +797,25 @@ def test_slurm_gpu_select_keeps_what_slurm_set(slurm_gpus, tmp_path):
     assert [r["env"].get("CUDA_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
 
 
-def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(slurm_gpus, tmp_path):
-    """00_gpu_check for real. On a CPU site every part runs and the report says no GPU: N/A;
-    on a GPU site (GPU_VENDOR=nvidia, a stand-in GPU) where torch sees no GPU the job FAILS,
-    so that afterok cancels the rest of the course."""
-    need("coursetools/gpucheck.py")
-    import json
+@batched("test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu", gpus=True)
+def _gpu_check(tmp_path, data):
     small = ("--steps", "2", "--batch-size", "2", "--grid", "8")
     cpu_root, gpu_root = tmp_path / "cpu", tmp_path / "gpu"
     cpu = sbatch("00_gpu_check.sbatch", *small, env=job_env(cpu_root, tmp_path / "data"), run_root=cpu_root)
     gpu = sbatch("00_gpu_check.sbatch", *small, run_root=gpu_root, sbatch_opts=["--ntasks=1", "--gpus-per-node=1"],
                  env=job_env(gpu_root, tmp_path / "data", GPU_VENDOR="nvidia", GPUS_PER_NODE="1"))
-    wait(cpu, timeout=240)
+    return cpu, gpu
+
+
+def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(
+        slurm_gpus, batch, request):
+    """00_gpu_check for real. On a CPU site every part runs and the report says no GPU: N/A;
+    on a GPU site (GPU_VENDOR=nvidia, a stand-in GPU) where torch sees no GPU the job FAILS,
+    so that afterok cancels the rest of the course."""
+    need("coursetools/gpucheck.py")
+    import json
+    cpu, gpu = batch[request.node.name]
+    wait(cpu, timeout=600)
     cpu.assert_completed()
     rep = json.loads((cpu.run_dir / "gpu_check" / "gpu_check.json").read_text())
     assert rep["status"] == "no GPU: N/A" and not rep["problems"], rep["problems"]
@@ -672,7 +824,7 @@ def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(s
     assert rep["node"]["training"]["steps"] == 2
     text = (cpu.run_dir / "gpu_check" / "gpu_check.txt").read_text()
     assert text.startswith("GPU check: no GPU: N/A") and "GPU utilization: not available" in text
-    wait(gpu, timeout=240)
+    wait(gpu, timeout=600)
     assert gpu.state == "FAILED", gpu.logs()
     log = gpu.out.read_text()
     assert "GPU check: FAIL" in log and "torch sees no GPU" in log, gpu.logs()
@@ -680,12 +832,148 @@ def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(s
     assert rep["tasks"][0]["visible"]["CUDA_VISIBLE_DEVICES"] == "0", "the task did not get its stand-in GPU"
 
 
-def test_slurm_gpu_site_job_without_gpus_fails_in_one_line(slurm_gpus, slurm_data, tmp_path):
+@batched("test_slurm_gpu_site_job_without_gpus_fails_in_one_line", gpus=True)
+def _gpu_site_without_gpus(tmp_path, data):
+    run_root = tmp_path / "runs"
+    env = job_env(run_root, data, GPU_VENDOR="nvidia", GPUS_PER_NODE="2")
+    return sbatch("01_profiling.sbatch", env=env, run_root=run_root)
+
+
+def test_slurm_gpu_site_job_without_gpus_fails_in_one_line(slurm_gpus, batch, request):
     """On a GPU site, a step submitted by plain sbatch (no GPU asked for) stops at once and says
     how to submit it."""
-    run_root = tmp_path / "runs"
-    env = job_env(run_root, slurm_data, GPU_VENDOR="nvidia", GPUS_PER_NODE="2")
-    job = run_job("01_profiling.sbatch", env=env, run_root=run_root, timeout=60)
+    job = wait(batch[request.node.name], timeout=600)
     assert job.state == "FAILED", job.logs()
     errors = error_lines(job.err.read_text())
     assert len(errors) == 1 and "has no GPU; submit it with slurm/submit_all.sh 01_profiling" in errors[0], job.logs()
+
+
+# --------------------------------------------------------------------------- the course's steps
+# One job of each later step's script (moved here from tests/test_NN_*.py: DESIGN.md puts a job
+# script's test in this file), in the batch: they run beside the jobs above.
+@batched("test_slurm_05_ddp_two_tasks")
+def _ddp(root, data):
+    return sbatch("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10",
+                  "--seed", "3", env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_05_ddp_two_tasks(batch, request):
+    """slurm/05_ddp.sbatch: srun starts 2 ranks (rendezvous from the allocation)."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4
+    log = job.logs()
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log
+
+
+@batched("test_slurm_06_two_tasks_then_one_task_evaluates")
+def _exact_metrics(root, data):
+    return sbatch("06_exact_metrics.sbatch", "--epochs", "1", "--batch-size", "2",
+                  "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
+                  run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_06_two_tasks_then_one_task_evaluates(batch, request):
+    """slurm/06_exact_metrics.sbatch: 2 ranks train, then 1 task evaluates the checkpoint: the
+    same validation loss."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    evaluation = json.loads((job.run_dir / "eval.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 4
+    assert evaluation["world_size"] == 1
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-6 * abs(
+        metrics["valid_loss"])
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in job.logs()
+
+
+@batched("test_slurm_07_counts_the_syncs_per_step")
+def _host_syncs(root, data):
+    # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's own: 20)
+    return sbatch("07_host_syncs.sbatch", "--batch-size", "2", "--max-steps", "7",
+                  env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_07_counts_the_syncs_per_step(batch, request):
+    """slurm/07_host_syncs.sbatch: two profiled runs, their syncs per step."""
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    out = job.out.read_text()
+    assert "--log-every 1000: host syncs per traced step [0, 0, 0, 0, 0]" in out, out[-2000:]
+    assert "--log-every 1: host syncs per traced step [1, 1, 1, 1, 1]" in out, out[-2000:]
+
+
+@batched("test_slurm_08_runs_each_precision")
+def _mixed_precision(root, data):
+    return sbatch("08_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
+                  env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_08_runs_each_precision(batch, request):
+    """slurm/08_mixed_precision.sbatch: float32, bf16 and fp16 side by side."""
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    from tests.test_08_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
+
+    # bf16 runs where the node's CPU has bf16 units (wellfno.amp refuses emulated bf16)
+    amps = ("none", "bf16", "fp16") if this_cpu_has_bf16_units() else ("none", "fp16")
+    for amp in amps:
+        assert (job.run_dir / f"amp_{amp}" / "metrics.json").is_file(), f"no metrics.json: {amp}"
+    assert job.out.read_text().count("peak memory") == len(amps)
+
+
+@batched("test_slurm_efficiency_job_writes_its_table")
+def _efficiency(root, data):
+    return sbatch("09_compile_mfu.sbatch", "--steps", "2", "--no-compile", "--width", "8",
+                  "--batch-size", "4", env=job_env(root / "runs", data), run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_efficiency_job_writes_its_table(batch, request):
+    """slurm/09_compile_mfu.sbatch: the benchmark's rows, no vendor profiler on a CPU."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    result = json.loads((job.run_dir / "efficiency.json").read_text())
+    rows = result["data"]["rows"]
+    from tests.test_08_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
+
+    mixed = "08 mixed precision (bf16)" if this_cpu_has_bf16_units() else "08 mixed precision"
+    assert [r["row"] for r in rows] == ["06 baseline", "07 no host syncs", mixed,
+                                        "09 width 8, batch 4"]
+    assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows
+               if r["skipped"] is None)
+    assert (job.run_dir / "efficiency.png").is_file()
+    assert "no vendor profiler run" in job.out.read_text()
+
+
+@batched("test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates")
+def _domain_parallel(root, data):
+    return sbatch("11_domain_parallel.sbatch", "--epochs", "1", "--batch-size", "2",
+                  "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
+                  run_root=root / "runs")
+
+
+@pytest.mark.slow
+def test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates(batch, request):
+    """slurm/11_domain_parallel.sbatch: srun starts one domain group of 2 tasks (--domain-size =
+    tasks per node), then 1 task evaluates the checkpoint: the same valid loss."""
+    import json
+    job = wait(batch[request.node.name], timeout=900)
+    job.assert_completed()
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    evaluation = json.loads((job.run_dir / "eval.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 2
+    assert evaluation["world_size"] == 1 and metrics["config"]["domain_size"] == 2
+    assert abs(evaluation["valid_loss"] - metrics["valid_loss"]) <= 1e-5 * abs(
+        metrics["valid_loss"])
+    log = job.logs()
+    assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log
+    assert "1 data x 2 domain ranks" in log, log

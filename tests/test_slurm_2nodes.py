@@ -13,6 +13,17 @@ nodes, never speed. Each multi-node run is checked against one node or one rank:
 - faults: a node lost mid-epoch, a rank that cannot reach the rendezvous, two jobs at once,
   a job that needs more nodes than its partition has, an unresolvable node list.
 Without a cluster of two nodes these tests skip on a laptop and FAIL in CI (CI=true).
+
+The jobs, and what each proves (the first four are submitted together, `batch`):
+- 04_stats_2nodes: srun and torchrun statistics across nodes equal the serial ones, bit for bit;
+- 06_exact_metrics_2nodes (submit_all.sh --with-2nodes, 3 steps of 4 ranks x 2): placement by
+  node and local rank, parameters equal to 1 rank x 8, validation and rollout equal to 1 task;
+- the same job on an NVIDIA and an AMD site in probe mode: each rank's node, local rank, GPU;
+- scaling.py --launcher srun (4 steps a point): each point's ranks on the nodes its table says;
+- 06_exact_metrics_2nodes (30 epochs) losing its second node in epoch 2, then
+  06_exact_metrics.sbatch --resume on the node left (while the lost node restarts): the fault;
+- srun -N 2 with rank 1 sent to a closed port (--timeout 5): one line per rank within it;
+- two jobs of two `python -m wellfno.launch` steps at once: they never meet, no port reused.
 """
 
 from __future__ import annotations
@@ -34,8 +45,6 @@ import torch
 from tests.test_slurm import (
     REPO,
     SLURM_DIR,
-    Job,
-    _cmd,
     _probes,
     _submit_all,
     error_lines,
@@ -43,8 +52,10 @@ from tests.test_slurm import (
     job_state,
     run_job,
     sbatch,
+    serial_stats,  # noqa: F401
     slurm_cluster,
     slurm_data,
+    submit_batch,
     wait,
 )
 
@@ -88,6 +99,26 @@ def two_nodes(slurm_cluster) -> list[str]:
     return nodes[:2]
 
 
+# --------------------------------------------------------------------------- the batch
+# The two-node jobs that run to their end (statistics, DDP, GPU placement, scaling) are submitted
+# together when the first of them is needed (tests/test_slurm.py, submit_batch): each fills both
+# nodes, so Slurm runs them one after the other with no gap, while this process computes the
+# one-node references they are checked against. The fault tests submit their own jobs, alone.
+BATCH: dict = {}
+
+
+def batched(test_id: str):
+    def register(submit):
+        BATCH[test_id] = submit
+        return submit
+    return register
+
+
+@pytest.fixture(scope="module")
+def batch(request, two_nodes, slurm_data, tmp_path_factory):
+    yield from submit_batch(request, BATCH, tmp_path_factory, data=slurm_data)
+
+
 def all_error_lines(text: str) -> list[str]:
     """The programs' `error: ...` lines, also one that follows a progress bar ending without a
     newline (not Slurm's own "srun: error: ..." lines)."""
@@ -117,25 +148,20 @@ def worst_relative_difference(a: dict, b: dict) -> float:
 
 
 # --------------------------------------------------------------------------- statistics
-def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(two_nodes, slurm_data, tmp_path):
+@batched("test_slurm_2nodes_stats_bit_for_bit_on_both_nodes")
+def _stats(root, data):
+    run_root = root / "runs"
+    return sbatch("04_stats_2nodes.sbatch", env=job_env(run_root, data), run_root=run_root)
+
+
+def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(
+        two_nodes, batch, request, serial_stats):  # noqa: F811
     """04_stats_2nodes: 2 x 2 srun tasks, then one torchrun per node (rendezvous on the first node):
     both stats.yaml byte for byte the serial stats.py's. Where each task ran is Slurm's own record:
     srun --error=stats-%N-%t.err creates one file per task, named by its node and task id."""
     first, second = two_nodes
-    dataset_dir = slurm_data / "datasets" / "gray_scott_embedded"
-    serial = tmp_path / "serial.yaml"
-    r = subprocess.run(
-        [sys.executable, "stats.py", str(dataset_dir), "--out", str(serial)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    run_root = tmp_path / "runs"
-    job = run_job(
-        "04_stats_2nodes.sbatch", env=job_env(run_root, slurm_data), run_root=run_root, timeout=300
-    )
+    serial = serial_stats
+    job = wait(batch[request.node.name], timeout=600)
     job.assert_completed()
     for name in ("stats.yaml", "stats_torchrun.yaml"):
         assert (
@@ -161,7 +187,17 @@ def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(two_nodes, slurm_data, tmp
 
 
 # --------------------------------------------------------------------------- training
-def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, slurm_data, tmp_path):
+@batched("test_slurm_2nodes_ddp_equals_one_rank")
+def _ddp(root, data):
+    (job,) = _submit_all(
+        job_env(root / "runs", data),
+        "--with-2nodes", "--args", f"06_exact_metrics_2nodes={' '.join(TRAIN)}",
+        "06_exact_metrics_2nodes",
+    )
+    return job
+
+
+def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, batch, request, slurm_data, tmp_path):
     """06_exact_metrics_2nodes through submit_all.sh --with-2nodes on a CPU site: ranks 0, 1 on the first
     node and 2, 3 (local ranks 0, 1) on the second, by the program's own report; after 3 steps
     the parameters of 4 ranks x 2 equal those of 1 rank x 8 (within 1e-5: the same sums in
@@ -192,11 +228,7 @@ def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, slurm_data, tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    env = job_env(tmp_path / "runs", slurm_data)
-    (job,) = _submit_all(
-        env, "--with-2nodes", "--args", f"06_exact_metrics_2nodes={' '.join(TRAIN)}", "06_exact_metrics_2nodes"
-    )
-    wait(job, timeout=400)
+    job = wait(batch[request.node.name], timeout=600)
     job.assert_completed()
     log = job.out.read_text()
     ranks = report_lines(log)
@@ -238,18 +270,14 @@ def _driven_gpu(rec: dict, vendor: str) -> str:
     return visible[0] if len(visible) == 1 else visible[int(rec["env"]["SLURM_LOCALID"])]
 
 
-def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, slurm_data, tmp_path):
-    """The GPU variant of 06_exact_metrics_2nodes through submit_all.sh --with-2nodes on a 2-GPU 'NVIDIA'
-    and a 2-GPU 'AMD' site (stand-in GPUs, probe mode): 2 nodes x 2 tasks; rank 2 is local rank 0 of
-    the second node and drives that node's first GPU; on each node the two ranks drive distinct
-    GPUs; the evaluation step is one task on one node with one GPU."""
-    first, second = two_nodes
+@batched("test_slurm_2nodes_gpu_job_places_ranks_per_node")
+def _gpu_placement(tmp_path, data):
     sites = {}
     for vendor in ("nvidia", "amd"):
         root = tmp_path / vendor
         env = job_env(
             root / "runs",
-            slurm_data,
+            data,
             GPU_VENDOR=vendor,
             GPUS_PER_NODE="2",
             CPUS_PER_GPU="1",
@@ -258,8 +286,17 @@ def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, slurm_data, tmp_p
         )
         (job,) = _submit_all(env, "--with-2nodes", "06_exact_metrics_2nodes")
         sites[vendor] = (root, job)
-    for vendor, (root, job) in sites.items():
-        wait(job, timeout=240)
+    return sites
+
+
+def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, batch, request):
+    """The GPU variant of 06_exact_metrics_2nodes through submit_all.sh --with-2nodes on a 2-GPU
+    'NVIDIA' and a 2-GPU 'AMD' site (stand-in GPUs, probe mode): 2 nodes x 2 tasks; rank 2 is
+    local rank 0 of the second node and drives that node's first GPU; on each node the two ranks
+    drive distinct GPUs; the evaluation step is one task on one node with one GPU."""
+    first, second = two_nodes
+    for vendor, (root, job) in batch[request.node.name].items():
+        wait(job, timeout=600)
         job.assert_completed()
         steps = _probes(root / "probe")["06_exact_metrics_2nodes"]
         train, evaluate = steps["0"], steps["1"]
@@ -282,24 +319,27 @@ def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, slurm_data, tmp_p
         assert _driven_gpu(one, vendor) in ("0", "1") and "--eval-only" in one["argv"]
 
 
-def test_slurm_2nodes_scaling_places_each_point_on_its_nodes(two_nodes, slurm_data, tmp_path):
-    """scaling.py --launcher srun inside a 2-node x 2-task allocation: the 2-rank point on one node,
-    the 4-rank point on both, as its table's nodes column says, by the program's own report."""
-    first, second = two_nodes
+@batched("test_slurm_2nodes_scaling_places_each_point_on_its_nodes")
+def _scaling(tmp_path, data):
+    slurm_data = data
     out = tmp_path / "scaling"
     script = tmp_path / "scaling.sbatch"
     script.write_text(
         "#!/bin/bash\n#SBATCH --job-name=scaling_2nodes\n#SBATCH --nodes=2\n"
         "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n"
         f"exec {sys.executable} {SCALING} --launcher srun --ranks 2 4 --modes weak --batch-size 2 "
-        f"--max-steps 5 --active 2 --device cpu --data-dir {slurm_data} --out {out}\n"
+        f"--max-steps 4 --active 1 --device cpu --data-dir {slurm_data} --out {out}\n"
     )
-    job = run_job(
-        str(script),
-        env=job_env(tmp_path / "runs", slurm_data),
-        run_root=tmp_path / "runs",
-        timeout=400,
-    )
+    run_root = tmp_path / "runs"
+    return sbatch(str(script), env=job_env(run_root, slurm_data), run_root=run_root), out
+
+
+def test_slurm_2nodes_scaling_places_each_point_on_its_nodes(two_nodes, batch, request):
+    """scaling.py --launcher srun inside a 2-node x 2-task allocation: the 2-rank point on one node,
+    the 4-rank point on both, as its table's nodes column says, by the program's own report."""
+    first, second = two_nodes
+    job, out = batch[request.node.name]
+    wait(job, timeout=600)
     job.assert_completed()
     rows = json.loads((out / "scaling.json").read_text())["data"]["modes"]["weak"]
     assert [(r["ranks"], r["nodes"]) for r in rows] == [(2, 1), (4, 2)], rows
@@ -355,31 +395,39 @@ def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(two_nodes, slu
         run_root=run_root
     )
     checkpoint = job.run_dir / "checkpoint.pt"
+    restart = None
     try:
-        deadline = time.monotonic() + 240
-        while not checkpoint.exists():  # epoch 1 done: the ranks are in epoch 2
-            job.state, _ = job_state(job.id)
-            assert job.state not in ("COMPLETED", "FAILED", "CANCELLED"), job.logs()
-            assert time.monotonic() < deadline, f"no checkpoint after 240 s\n{job.logs()}"
-            time.sleep(0.2)
-        slurmd, tasks = _node_processes(second, job.id)
-        assert tasks, f"no process of job {job.id} on {second}"
-        lost = time.monotonic()
-        for pid in [slurmd, *tasks]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wait(job, timeout=60)
-        took = time.monotonic() - lost
-    finally:  # the node comes back (start_cluster.sh starts the missing slurmd, resumes the node)
-        r = subprocess.run(
-            [str(SLURM_DIR / "ci" / "start_cluster.sh")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr
+        try:
+            deadline = time.monotonic() + 240
+            while not checkpoint.exists():  # epoch 1 done: the ranks are in epoch 2
+                job.state, _ = job_state(job.id)
+                assert job.state not in ("COMPLETED", "FAILED", "CANCELLED"), job.logs()
+                assert time.monotonic() < deadline, f"no checkpoint after 240 s\n{job.logs()}"
+                time.sleep(0.1)
+            slurmd, tasks = _node_processes(second, job.id)
+            assert tasks, f"no process of job {job.id} on {second}"
+            lost = time.monotonic()
+            for pid in [slurmd, *tasks]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            wait(job, timeout=60)
+            took = time.monotonic() - lost
+        finally:
+            # The node comes back (start_cluster.sh starts the missing slurmd, resumes the node)
+            # while the resumed job runs on the node that is left: both at once.
+            restart = subprocess.Popen([str(SLURM_DIR / "ci" / "start_cluster.sh")],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _check_lost_job_then_resume(job, took, env, run_root, first, second)
+    finally:
+        if restart is not None:
+            _, err = restart.communicate(timeout=120)
+            assert restart.returncode == 0, err
+
+
+def _check_lost_job_then_resume(job, took, env, run_root, first, second):
+    checkpoint = job.run_dir / "checkpoint.pt"
     assert job.state in ("NODE_FAIL", "FAILED"), job.logs()
     assert took <= 30, f"the job took {took:.0f} s to end after {second} was lost\n{job.logs()}"
     errors = all_error_lines(job.out.read_text() + job.err.read_text())
@@ -428,7 +476,7 @@ def test_slurm_2nodes_rank_that_cannot_reach_the_rendezvous_is_one_line(
     """Rank 1 (on the second node) looks for the rendezvous on a closed port of the first node:
     every rank stops with one line of its own within --timeout, instead of hanging."""
     first, _ = two_nodes
-    timeout = 8
+    timeout = 5
     wrapper = '[ "$SLURM_PROCID" = 1 ] && export MASTER_ADDR=' + first + ' MASTER_PORT=9; exec "$@"'
     env = job_env(tmp_path / "runs", slurm_data)
     started = time.monotonic()
