@@ -1,4 +1,6 @@
 """Shared fixtures: a tiny embedded dataset, generated once per test session."""
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -170,6 +172,79 @@ def trained(tmp_path_factory):
 
 
 START_UP_SECONDS = 2.0
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """finished_run(script, data_dir, *options) -> (output folder, stdout) of one in-process run.
+
+    One run per distinct command and session: the checks that read the same run (exercise 07's
+    --log-every runs, 08's float32 reference, 09's eager reference) share it, instead of each
+    starting a process that imports torch again. Callers read the folder; they must not change it.
+    A run that refuses its options fails the test with the script's one `error:` line.
+    """
+    from wellfno.cli import UserError
+
+    runs, modules = {}, {}
+
+    def run(script: Path, data_dir: Path, *options):
+        key = (str(script), str(data_dir), *map(str, options))
+        if key not in runs:
+            if str(script) not in modules:
+                modules[str(script)] = import_script(script)
+            out = tmp_path_factory.mktemp("run")
+            stdout = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(stdout):
+                    call_main(modules[str(script)], "--data-dir", data_dir, "--out", out, *options)
+            except UserError as err:
+                pytest.fail(f"{Path(script).name} {' '.join(map(str, options))} stopped: "
+                            f"error: {err}", pytrace=False)
+            runs[key] = out, stdout.getvalue()
+        return runs[key]
+
+    return run
+
+
+# Python's default warning filters, what `python SCRIPT` shows on stderr (pytest would record the
+# rest): https://docs.python.org/3/library/warnings.html#default-warning-filter
+DEFAULT_WARNING_FILTERS = [("default", DeprecationWarning, "__main__"),
+                           ("ignore", DeprecationWarning, ""),
+                           ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                           ("ignore", ResourceWarning, "")]
+
+
+def exit_of(module, *argv) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGV` of an imported script, run in this process: its exit status and output.
+
+    For the checks of what a refused command prints and leaves behind (one `error:` line, exit 2,
+    nothing written): the script's `__main__` block is `run_main(main)` (wellfno.cli), called here
+    as there, so the status, stdout and stderr are those of the process, warnings included, and an
+    exception that would end the process with a traceback does so here (status 1). It saves the
+    seconds of a new process that imports torch; what depends on the process itself (its
+    environment, its CPUs, its ranks) is checked in real processes.
+    """
+    import traceback
+    import warnings
+
+    from wellfno.cli import run_main
+
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        for action, category, where in reversed(DEFAULT_WARNING_FILTERS):
+            warnings.filterwarnings(action, category=category, module=where)
+        try:
+            run_main(lambda: call_main(module, *argv))
+        except SystemExit as exit_info:
+            code = exit_info.code if isinstance(exit_info.code, int) else (exit_info.code is not None)
+        except BaseException:  # noqa: BLE001 - what the interpreter would print and exit with
+            traceback.print_exc(file=stderr)
+            code = 1
+    shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+                    for w in caught)
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), shown + stderr.getvalue())
 
 
 def script_under_test(request, default: str) -> Path:

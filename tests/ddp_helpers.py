@@ -25,7 +25,9 @@ from tests.checks import last_error_line, require
 from tests.conftest import PYTHON, REPO
 
 PROBE = Path(__file__).resolve().parent / "ddp_probe"
-SMALL = ("--n-steps-input", "10", "--bind", "none", "--seed", "3")  # 8 train, 4 valid samples
+# 8 train, 4 valid samples; a small model (the checks compare ranks with one rank, not the model's
+# quality): a third of the default one's compute. Options that change these go after SMALL.
+SMALL = ("--n-steps-input", "10", "--bind", "none", "--seed", "3", "--width", "8", "--modes", "4")
 N_TRAIN, N_VALID = 8, 4
 
 
@@ -122,3 +124,19 @@ def read_probe(log_dir: Path) -> dict:
 def error_lines(text: str) -> list[str]:
     """The `error: ...` lines (one may follow a progress bar that ended without a newline)."""
     return re.findall(r"(?:^|[\r\n]|\]|\s)(error: [^\r\n]*)", text)
+
+
+ONE_RANK_STEP = ("--epochs", "1", "--max-steps", "1", "--batch-size", "4", *SMALL)
+
+
+def one_rank_reference(finished_run, script, data_dir) -> Path:
+    """The output folder of one rank, --batch-size 4, one step: the reference that exercises 05, 06
+    and 11 compare their ranks with and evaluate. One plain run in the test process
+    (conftest.py's finished_run: no launcher, nothing about the process is checked on it), shared
+    by the three modules on the last solution."""
+    return finished_run(script, data_dir, *ONE_RANK_STEP)[0]
+
+
+def in_process(completed) -> list:
+    """[(rc, stdout, stderr)] as `launch(script, 0, ...)` gives them, from conftest.py's exit_of."""
+    return [(completed.returncode, completed.stdout, completed.stderr)]

@@ -20,7 +20,8 @@ from tests.conftest import call_main, run_script
 from wellfno.cli import UserError
 
 STEP = "01_profiling"
-TINY = ["--batch-size", "1", "--epochs", "1"]  # 44 steps per epoch: the window ends inside epoch 1
+# 44 steps per epoch: the window ends inside epoch 1; a small model (a third of the run's time)
+TINY = ["--batch-size", "1", "--epochs", "1", "--width", "8", "--modes", "4"]
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 

@@ -11,11 +11,12 @@ import json
 import pytest
 
 from tests.checks import require, require_run, run_main_or_fail, task
-from tests.conftest import call_main, run_script
+from tests.conftest import call_main, exit_of, run_script
 from wellfno.cli import UserError
 
 STEP = "02_data_pipeline"
-FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4"]
+# a small model: what these check does not depend on its size, the runs' time does
+FAST = ["--epochs", "1", "--max-steps", "3", "--batch-size", "4", "--width", "8", "--modes", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +104,10 @@ def test_impossible_values_are_user_errors(fno, tmp_path, options):
             f"{task('02', 2)}")
 
 
-@pytest.mark.slow  # a child process, as a participant runs it
-def test_negative_workers_is_one_line_error(script, tmp_path):
-    result = run_script(script, "--data-dir", tmp_path, "--num-workers", "-2")
+@pytest.mark.slow
+def test_negative_workers_is_one_line_error(script_module, tmp_path):
+    # `python SCRIPT ...` as a participant runs it, in this process (conftest.py's exit_of)
+    result = exit_of(script_module, "--data-dir", tmp_path, "--num-workers", "-2")
     lines = result.stderr.strip().splitlines()
     require(result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
             and "--num-workers" in lines[0],

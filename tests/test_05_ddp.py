@@ -10,7 +10,6 @@ training samples (4 trajectories x 2 windows): 2 ranks divide them.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -20,8 +19,9 @@ import torch
 
 from tests.checks import last_error_line, require, task
 from tests.conftest import PYTHON, REPO
+from tests.conftest import exit_of
 from tests.ddp_helpers import (N_TRAIN, SMALL, assert_ok, error_lines, free_port, launch,
-                               max_relative_difference,
+                               max_relative_difference, one_rank_reference,
                                parameters, probe_env, read_probe)
 
 # the cross-step matrix (tests/conftest.py) supplies `script`: 05 and every later solution
@@ -29,14 +29,9 @@ STEP = "05_ddp"
 
 
 @pytest.fixture(scope="module")
-def one_rank_run(script, tiny_data_dir, tmp_path_factory):
+def one_rank_run(script, tiny_data_dir, finished_run):
     """A checkpoint from one rank, --batch-size 4, one step (the reference of the equivalence test)."""
-    out = tmp_path_factory.mktemp("ddp_one_rank")
-    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
-                     "--max-steps", "1",
-                     "--batch-size", "4", *SMALL)
-    assert_ok(results, f"one process must still train as before {task('05', 1)}")
-    return out
+    return one_rank_reference(finished_run, script, tiny_data_dir)
 
 
 @pytest.mark.slow
@@ -115,15 +110,15 @@ def test_torchrun_two_ranks(script, tiny_data_dir, tmp_path):
     require(world == 2, f"metrics.json has world_size {world} (allowed: 2) {task('05', 5)}")
 
 
-def test_incomplete_launcher_environment_is_one_line(script, tiny_data_dir, tmp_path):
-    # the tiny data and one step: a script that does not refuse ends in seconds, and fails here
-    result = subprocess.run([PYTHON, str(script), "--out", str(tmp_path / "o"), "--data-dir",
-                             str(tiny_data_dir), "--epochs", "1", "--max-steps", "1",
-                             "--bind", "none"], cwd=REPO,
-                            capture_output=True,
-                            text=True, timeout=120,
-                            env={**{k: v for k, v in os.environ.items() if k != "WORLD_SIZE"},
-                                 "RANK": "1"})
+def test_incomplete_launcher_environment_is_one_line(script_module, tiny_data_dir, tmp_path,
+                                                     monkeypatch):
+    # in this process (conftest.py's exit_of): the script reads the launcher's variables from
+    # os.environ, as a process started with them would; the tiny data and one step, so that a
+    # script that does not refuse ends in seconds, and fails here
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    result = exit_of(script_module, "--out", tmp_path / "o", "--data-dir", tiny_data_dir,
+                     "--epochs", "1", "--max-steps", "1", "--bind", "none")
     lines = error_lines(result.stderr)
     require(result.returncode != 0 and "Traceback" not in result.stderr and len(lines) == 1
             and "WORLD_SIZE" in result.stderr,
@@ -136,10 +131,10 @@ def test_incomplete_launcher_environment_is_one_line(script, tiny_data_dir, tmp_
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
-def test_nccl_without_gpu_is_one_line(script, tiny_data_dir, tmp_path):
-    results = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o", "--backend",
-                     "nccl")
-    rc, _, err = results[0]
+def test_nccl_without_gpu_is_one_line(script_module, tiny_data_dir, tmp_path):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
+                     "--backend", "nccl")
+    rc, err = result.returncode, result.stderr
     lines = error_lines(err)
     require(rc != 0 and "Traceback" not in err and len(lines) == 1 and "nccl" in err
             and "unrecognized arguments" not in err,

@@ -18,22 +18,18 @@ import pytest
 import torch
 
 from tests.checks import require, task
+from tests.conftest import exit_of
 from tests.ddp_helpers import (N_TRAIN, N_VALID, SMALL, assert_ok, error_lines, launch,
-                               max_relative_difference,
+                               in_process, max_relative_difference, one_rank_reference,
                                parameters, probe_env, read_probe)
 
 STEP = "06_exact_metrics"  # the cross-step matrix (tests/conftest.py) supplies `script`
 
 
 @pytest.fixture(scope="module")
-def one_rank_run(script, tiny_data_dir, tmp_path_factory):
+def one_rank_run(script, tiny_data_dir, finished_run):
     """A checkpoint from one rank, --batch-size 4, one step (what --eval-only evaluates)."""
-    out = tmp_path_factory.mktemp("exact_one_rank")
-    assert_ok(launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
-                     "--max-steps", "1",
-                     "--batch-size", "4", *SMALL),
-              f"one process must still train as before {task('06', 1)}")
-    return out
+    return one_rank_reference(finished_run, script, tiny_data_dir)
 
 
 @pytest.mark.slow
@@ -123,17 +119,18 @@ def test_eval_only_equal_for_1_2_3_ranks(script, tiny_data_dir, one_rank_run, tm
 
 
 @pytest.mark.slow
-def test_resume_with_another_world_size(script, tiny_data_dir, tmp_path):
+def test_resume_with_another_world_size(script, script_module, tiny_data_dir, tmp_path):
     """Epoch 1 on 2 ranks x 2, epoch 2 resumed on 1 rank x 4 == both epochs on 1 rank x 4 (8 samples:
-    the same global batches either way)."""
+    the same global batches either way). The runs on one rank are plain runs in this process."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ("--data-dir", tiny_data_dir, *SMALL)
-    assert_ok(launch(script, 0, *common, "--out", straight, "--epochs", "2", "--batch-size", "4"),
+    assert_ok(in_process(exit_of(script_module, *common, "--out", straight, "--epochs", "2",
+                                 "--batch-size", "4")),
               f"2 epochs on one process must train {task('06', 4)}")
     assert_ok(launch(script, 2, *common, "--out", split, "--epochs", "1", "--batch-size", "2"),
               f"1 epoch on 2 ranks must train {task('06', 4)}")
-    resumed = launch(script, 0, *common, "--out", split, "--epochs", "2", "--batch-size", "4",
-                     "--resume")
+    resumed = in_process(exit_of(script_module, *common, "--out", split, "--epochs", "2",
+                                 "--batch-size", "4", "--resume"))
     assert_ok(resumed, f"--resume on 1 rank of a 2-rank checkpoint must train on {task('06', 4)}")
     require("trained with 2 rank(s), now 1" in resumed[0][1],
             "no 'trained with 2 rank(s), now 1' line on resuming: store world_size in the "
@@ -176,9 +173,10 @@ def test_a_failing_rank_ends_every_rank_within_seconds(script, tiny_data_dir, tm
 
 
 @pytest.mark.slow
-def test_eval_only_without_checkpoint_is_one_line(script, tiny_data_dir, tmp_path):
-    rc, _, err = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
-                        "--eval-only", *SMALL)[0]
+def test_eval_only_without_checkpoint_is_one_line(script_module, tiny_data_dir, tmp_path):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
+                     "--eval-only", *SMALL)
+    rc, err = result.returncode, result.stderr
     lines = error_lines(err)
     require(rc != 0 and "Traceback" not in err and len(lines) == 1 and "checkpoint" in err,
             f"--eval-only without OUT/checkpoint.pt exited with {rc} and {len(lines)} error lines "

@@ -12,20 +12,19 @@ import pytest
 import torch
 
 from profiling import syncs
-from tests.checks import last_error_line, require, task
-from tests.conftest import REPO, run_script
-from tests.train_helpers import RUN, train
+from tests.checks import require, task
+from tests.conftest import REPO, exit_of
+from tests.train_helpers import RUN, run_once
 
 STEP = "07_host_syncs"  # the cross-step matrix (tests/conftest.py) supplies `script`
 
 
 @pytest.mark.slow
-def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, tmp_path):
-    fix = f"add --log-every {task('07', 1)}"
-    often = train(script, tiny_data_dir, tmp_path / "often", "--max-steps", "3", "--log-every", "1",
-                  fix=fix)
-    never = train(script, tiny_data_dir, tmp_path / "never", "--max-steps", "3", "--log-every",
-                  "1000", fix=fix)
+def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, finished_run):
+    often, often_out, _ = run_once(finished_run, script, tiny_data_dir, "--max-steps", "3",
+                                   "--log-every", "1")
+    never, never_out, _ = run_once(finished_run, script, tiny_data_dir, "--max-steps", "3",
+                                   "--log-every", "1000")
     logged = (len(often["history"][0].get("loss_log", [])), len(never["history"][0].get("loss_log",
                                                                                         [1])))
     require(logged == (3, 0), f"3 steps logged {logged[0]} loss(es) with --log-every 1 and "
@@ -35,20 +34,21 @@ def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, tmp
             f"the losses depend on --log-every (train_loss {often['train_loss']} with 1, "
             f"{never['train_loss']} with 1000): reading numbers back must not change them "
             f"{task('07', 3)}")
-    a = torch.load(tmp_path / "often" / "checkpoint.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "never" / "checkpoint.pt", weights_only=True)["model"]
+    a = torch.load(often_out / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(never_out / "checkpoint.pt", weights_only=True)["model"]
     differ = sum(not torch.equal(a[k], b[k]) for k in a)
     require(differ == 0, f"{differ} of {len(a)} parameter tensors depend on --log-every (allowed: "
             f"none, bitwise) {task('07', 3)}")
 
 
-def syncs_per_profiled_step(script, data_dir, out, *extra):
-    """Host syncs (profiling/syncs.py) in each step of a --profile window: steps 5-9 of 10."""
-    result = run_script(script, "--data-dir", data_dir, "--out", out, "--epochs", "1",
-                        "--batch-size", "1",
-                        "--profile", "--max-steps", "10", *extra, timeout=300)
-    require(result.returncode == 0, f"a --profile run with {' '.join(extra) or 'no options'} "
-            f"exited with {result.returncode}: {last_error_line(result.stderr)} {task('07', 1)}")
+def syncs_per_profiled_step(finished_run, script, data_dir, *extra):
+    """Host syncs (profiling/syncs.py) in each step of a --profile window: steps 5-9 of 10.
+
+    The run is in this process (the profiler traces the run's own operators, and nothing else
+    runs here meanwhile), once per session: step 01's baseline serves every solution's check.
+    A small model: the syncs per step do not depend on its size, the profiled run's time does."""
+    out, _ = finished_run(script, data_dir, "--epochs", "1", "--batch-size", "1", "--profile",
+                          "--max-steps", "10", "--width", "8", "--modes", "4", *extra)
     (trace_file,) = out.glob("trace_rank0_*.json.gz")
     trace = json.loads(gzip.decompress(trace_file.read_bytes()))
     return [row["syncs"] for row in syncs.host_syncs_per_step(trace)]
@@ -56,27 +56,27 @@ def syncs_per_profiled_step(script, data_dir, out, *extra):
 
 # The count reads the same on CPU and GPU traces (profiling/syncs.py): a CPU test of a GPU habit.
 @pytest.mark.slow
-def test_no_host_sync_inside_the_step(script, tiny_data_dir, tmp_path):
+def test_no_host_sync_inside_the_step(script, tiny_data_dir, finished_run):
     # The course's loop as exercise 01 profiles it (solutions 02-06 keep it): the loss read back
     # every step.
-    baseline = syncs_per_profiled_step(REPO / "solutions" / "01_profiling" / "fno.py",
-                                       tiny_data_dir, tmp_path / "01")
+    baseline = syncs_per_profiled_step(finished_run, REPO / "solutions" / "01_profiling" / "fno.py",
+                                       tiny_data_dir)
     assert len(baseline) == 5 and min(baseline) >= 1, \
         f"the reference (solution 01) must read the loss back every step: {baseline}"
-    every_step = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1", "--bind", "none",
+    every_step = syncs_per_profiled_step(finished_run, script, tiny_data_dir, "--bind", "none",
                                          "--log-every", "1")
     require(every_step == [1] * 5, f"--log-every 1: host syncs per step {every_step} (allowed: "
             f"one each, the loss read-back, and no more) {task('07', 1)}")
-    never = syncs_per_profiled_step(script, tiny_data_dir, tmp_path / "k1000", "--bind", "none",
+    never = syncs_per_profiled_step(finished_run, script, tiny_data_dir, "--bind", "none",
                                     "--log-every", "1000")
     require(never == [0] * 5, f"--log-every 1000: host syncs per step {never} (allowed: 0): "
             "something in the step still waits for the device (.item(), float(), a copy to the "
             f"CPU) {task('07', 1)}")
 
 
-def test_log_every_zero_is_a_one_line_error(script, tiny_data_dir, tmp_path):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
-                        "--log-every", "0")
+def test_log_every_zero_is_a_one_line_error(script_module, tiny_data_dir, tmp_path):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                     "--log-every", "0")
     lines = result.stderr.strip().splitlines()
     require(result.returncode != 0 and "Traceback" not in result.stderr and len(lines) == 1
             and "--log-every" in result.stderr,

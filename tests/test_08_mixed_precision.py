@@ -12,10 +12,11 @@ import torch
 from tests.checks import last_error_line, require, task
 from tests.conftest import REPO, run_script
 from tests.fixtures.cpuinfo import RECORDED
-from tests.train_helpers import RUN, per_step_losses, train
+from tests.train_helpers import RUN, per_step_losses, run_once, train
 from wellfno.amp import cpu_bf16_units, cpu_flags, cpuinfo_flags
 
 STEP = "08_mixed_precision"  # the cross-step matrix (tests/conftest.py) supplies `script`
+STEPS = ["--max-steps", "5", "--log-every", "1"]
 CPU_SEAM = REPO / "tests" / "cpu_seam"  # torch.cpu.get_capabilities() as on a recorded CPU
 
 
@@ -40,18 +41,22 @@ def this_cpu_has_bf16_units() -> bool:
 # autocast did nothing.
 @pytest.mark.slow
 @pytest.mark.parametrize("amp, tolerance", [("bf16", 1e-3), ("fp16", 1e-4)])
-def test_mixed_precision_tracks_float32(script, tiny_data_dir, tmp_path, amp, tolerance):
+def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, tmp_path, amp,
+                                       tolerance):
     """On a CPU without bf16 units the script refuses --amp bf16 (the next tests); there the bf16
     run goes as on a recorded CPU with them (its bf16 check passes), because emulated bf16 rounds
-    as native bf16 does: the losses are what this test checks, not the speed."""
-    steps = ["--max-steps", "5", "--log-every", "1"]
-    reference = per_step_losses(train(script, tiny_data_dir, tmp_path / "fp32", *steps,
-                                      fix=f"float32 must train as before {task('08', 1)}"))
-    env = as_cpu("intel_xeon_amx") if amp == "bf16" and not this_cpu_has_bf16_units() else None
+    as native bf16 does: the losses are what this test checks, not the speed. The float32
+    reference is one in-process run for both precisions (and the peak-memory check); so is each
+    low-precision run, but for the one that needs the recorded CPU's environment (a process)."""
+    reference = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS)[0])
     fix = f"add --amp with autocast {task('08', 1)}" if amp == "bf16" else \
         f"hand GradScaler the complex gradients as real views {task('08', 3)}"
-    low = per_step_losses(train(script, tiny_data_dir, tmp_path / amp, *steps, "--amp", amp,
-                                fix=fix, env=env))
+    if amp == "bf16" and not this_cpu_has_bf16_units():
+        low = per_step_losses(train(script, tiny_data_dir, tmp_path / amp, *STEPS, "--amp", amp,
+                                    fix=fix, env=as_cpu("intel_xeon_amx")))
+    else:
+        low = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS, "--amp",
+                                       amp)[0])
     require(len(low) == len(reference) == 5, f"5 steps logged {len(reference)} float32 and "
             f"{len(low)} {amp} losses (allowed: 5 each) {task('08', 1)}")
     relative = [abs(a - b) / b for a, b in zip(low, reference)]
@@ -112,9 +117,8 @@ def test_bf16_refused_here_if_this_cpu_has_no_bf16_units(script, tiny_data_dir, 
 
 
 @pytest.mark.slow
-def test_metrics_record_the_peak_memory(script, tiny_data_dir, tmp_path):
-    metrics = train(script, tiny_data_dir, tmp_path / "run", "--max-steps", "2",
-                    fix=f"it must train as before {task('08', 1)}")
+def test_metrics_record_the_peak_memory(script, tiny_data_dir, finished_run):
+    metrics = run_once(finished_run, script, tiny_data_dir, *STEPS)[0]  # the float32 reference
     peak = metrics.get("peak_memory_bytes")
     require(isinstance(peak, (int, float)) and peak > 0 and metrics.get("peak_memory_of"),
             f"metrics.json has peak_memory_bytes {peak} and peak_memory_of "

@@ -13,8 +13,8 @@ import torch
 
 from profiling import syncs
 from tests.checks import require, require_refused, task
-from tests.conftest import REPO, call_main, run_script
-from tests.train_helpers import RUN, per_step_losses, train
+from tests.conftest import REPO, call_main, exit_of, run_script
+from tests.train_helpers import RUN, per_step_losses, run_once, train
 from wellfno import flops
 
 # -- wellfno.flops against hand counts ---------------------------------------------------
@@ -155,9 +155,9 @@ STEP = "09_compile_mfu"  # the cross-step matrix (tests/conftest.py) supplies `s
 
 
 @pytest.mark.slow
-def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, tmp_path):
-    metrics = train(script, tiny_data_dir, tmp_path / "run", "--max-steps", "2", "--width", "8",
-                    "--modes", "4", "--layers", "2", fix=f"add --layers {task('09', 4)}")
+def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, finished_run):
+    metrics = run_once(finished_run, script, tiny_data_dir, "--max-steps", "2", "--width", "8",
+                       "--modes", "4", "--layers", "2")[0]
     # The script's count is the one wellfno.flops gives for the same model and input size.
     from wellfno.model import NextFrameFNO
 
@@ -188,10 +188,9 @@ def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, tmp_path):
 
 # torch.compile only reorders and fuses float32 arithmetic: the same losses to float32 rounding.
 @pytest.mark.slow
-def test_compile_tracks_float32(script, tiny_data_dir, tmp_path):
+def test_compile_tracks_float32(script, tiny_data_dir, finished_run, tmp_path):
     steps = ["--max-steps", "3", "--log-every", "1"]
-    reference = train(script, tiny_data_dir, tmp_path / "eager", *steps,
-                      fix=f"eager float32 must train as before {task('09', 1)}")
+    reference = run_once(finished_run, script, tiny_data_dir, *steps)[0]  # also exercise 07's run
     compiled = train(script, tiny_data_dir, tmp_path / "compiled", *steps, "--compile", timeout=900,
                      fix=f"add --compile {task('09', 1)}")
     eager, fused = per_step_losses(reference), per_step_losses(compiled)
@@ -211,18 +210,19 @@ def test_compile_tracks_float32(script, tiny_data_dir, tmp_path):
     pytest.param(["--nvtx", "--device", "cpu"], "--nvtx", marks=pytest.mark.slow),
     pytest.param(["--nvtx", "--profile"], "one at a time", marks=pytest.mark.slow),
 ])
-def test_impossible_values_are_one_line_errors(script, tiny_data_dir, tmp_path, options, message):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
-                        *options)
+def test_impossible_values_are_one_line_errors(script_module, tiny_data_dir, tmp_path, options,
+                                               message):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                     *options)
     number = 3 if "--nvtx" in options else 4
     require_refused(result, " ".join(options), f"refuse it with a UserError {task('09', number)}",
                     naming=[message], out=tmp_path / "out")
 
 
 @pytest.mark.slow
-def test_modes_beyond_the_grid_is_one_line_error(script, tiny_data_dir, tmp_path):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
-                        "--modes", "17")
+def test_modes_beyond_the_grid_is_one_line_error(script_module, tiny_data_dir, tmp_path):
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                     "--modes", "17")
     require_refused(result, "--modes 17 on a 16 x 16 grid", "check --modes against the grid "
                     f"{task('09', 4)}", naming=["--modes", "16"], out=tmp_path / "out")
 
@@ -348,7 +348,8 @@ def test_profile_table_key_from_traces(script_module, tiny_data_dir, tmp_path, m
         traces, "key_averages_sort_key", lambda device: events.append(("key", device.type)) or key(device)
     )
     call_main(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "prof", "--epochs",
-              "1", "--batch-size", "1", "--bind", "none", "--profile", "--max-steps", "7")
+              "1", "--batch-size", "1", "--bind", "none", "--profile", "--max-steps", "7",
+              "--width", "8", "--modes", "4")  # a small model: a third of the profiled run's time
     require(events == ["train", ("key", "cpu")], "the profile table's sort key must come from "
             "profiling.traces.key_averages_sort_key, asked after training (torch 2.3 names it "
             f"otherwise) {task('01', 5)}")

@@ -14,8 +14,7 @@ import json
 import pytest
 import torch
 
-from tests.checks import last_error_line, require, task
-from tests.conftest import run_script
+from tests.checks import require, task
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.model import NextFrameFNO
 
@@ -89,26 +88,25 @@ def test_blocks_run_again_in_the_backward_and_keep_less():
     assert saved["checkpointed"] < 0.6 * saved["plain"], saved
 
 
-def train(script, data_dir, out, *extra):
-    result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra)
-    shown = " ".join(extra) or "no new option"
-    require(result.returncode == 0, f"a run with {shown} exited with {result.returncode}: "
-            f"{last_error_line(result.stderr)}; add --checkpoint-blocks {task('10', 1)}")
-    return result, json.loads((out / "metrics.json").read_text())
+def train(finished_run, script, data_dir, *extra):
+    """(stdout, metrics.json, output folder) of one in-process run (conftest.py's finished_run)."""
+    out, stdout = finished_run(script, data_dir, *RUN, *extra)
+    return stdout, json.loads((out / "metrics.json").read_text()), out
 
 
 @pytest.mark.slow
-def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, tmp_path):
-    _, plain = train(script, tiny_data_dir, tmp_path / "plain")
-    result, checkpointed = train(script, tiny_data_dir, tmp_path / "ckpt", "--checkpoint-blocks")
-    require("blocks checkpointed" in result.stdout, "the memory line of a --checkpoint-blocks run "
+def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, finished_run):
+    _, plain, plain_out = train(finished_run, script, tiny_data_dir)
+    stdout, checkpointed, ckpt_out = train(finished_run, script, tiny_data_dir,
+                                           "--checkpoint-blocks")
+    require("blocks checkpointed" in stdout, "the memory line of a --checkpoint-blocks run "
             "does not say 'blocks checkpointed': pass checkpointed=args.checkpoint_blocks to "
             f"memory.check_step_fits {task('10', 1)}")
     losses = [run["history"][0].get("loss_log") for run in (plain, checkpointed)]
     require(losses[0] == losses[1], "--checkpoint-blocks changed the per-step losses (allowed: "
             f"bitwise the same): checkpoint the blocks' original forward {task('10', 1)}")
-    a = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=True)["model"]
+    a = torch.load(plain_out / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(ckpt_out / "checkpoint.pt", weights_only=True)["model"]
     differ = sum(k not in b or not torch.equal(a[k], b[k]) for k in a) + len(b.keys() - a.keys())
     require(differ == 0, f"{differ} of {len(a)} parameter tensors differ with --checkpoint-blocks "
             f"(allowed: none; the same state_dict keys) {task('10', 1)}")

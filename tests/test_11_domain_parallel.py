@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from tests.checks import require, task
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, exit_of
+from tests.ddp_helpers import in_process, one_rank_reference
 from tests.test_05_ddp import (
     SMALL,
     assert_ok,
@@ -39,14 +40,17 @@ ONE_STEP = ("--epochs", "1", "--max-steps", "1", *SMALL)
 
 
 @pytest.fixture(scope="module")
-def one_rank(script, tiny_data_dir, tmp_path_factory):
+def one_rank(script, tiny_data_dir, finished_run):
     """One rank, --batch-size 4, one step: the reference checkpoint and metrics."""
-    out = tmp_path_factory.mktemp("domain_one_rank")
-    assert_ok(
-        launch(script, 0, "--data-dir", tiny_data_dir, "--out", out, "--batch-size", "4", *ONE_STEP),
-        f"one process must still train as before {task('11', 1)}",
-    )
-    return out
+    return one_rank_reference(finished_run, script, tiny_data_dir)
+
+
+def run(script_module, script, world, *args):
+    """[(rc, stdout, stderr)] by rank: `world` ranks (tests/ddp_helpers.py's launch); world 0, one
+    plain run, in this process (conftest.py's exit_of)."""
+    if world == 0:
+        return in_process(exit_of(script_module, *args))
+    return launch(script, world, *args)
 
 
 def metrics(out):
@@ -147,7 +151,9 @@ def test_2_data_x_2_domain_ranks_equal_one_rank_with_twice_the_batch(
 
 
 @pytest.mark.slow
-def test_the_checkpoint_evaluates_alike_on_any_layout(script, tiny_data_dir, one_rank, tmp_path):
+def test_the_checkpoint_evaluates_alike_on_any_layout(
+    script, script_module, tiny_data_dir, one_rank, tmp_path
+):
     """One rank's checkpoint, --eval-only on 1 x 3 ranks (16 rows: 6 + 5 + 5) and on 2 x 2: the
     valid loss and the rollout VRMSE of one rank, to 1e-5 (float64 sums over the slabs)."""
     reference = None
@@ -156,7 +162,8 @@ def test_the_checkpoint_evaluates_alike_on_any_layout(script, tiny_data_dir, one
         out.mkdir()
         shutil.copy(one_rank / "checkpoint.pt", out / "checkpoint.pt")
         assert_ok(
-            launch(
+            run(
+                script_module,
                 script,
                 world,
                 "--data-dir",
@@ -263,7 +270,9 @@ def test_a_killed_domain_rank_ends_every_rank_within_seconds(script, tiny_data_d
 
 
 @pytest.mark.slow
-def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(script, tmp_path):
+def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(
+    script, script_module, tmp_path
+):
     """MHD_256's layout (7 channels, 3-D) at 1/32 scale (8^3 cells: 3 ranks hold 3 + 3 + 2 rows),
     one step: 2 ranks with --checkpoint-blocks and 3 ranks give one rank's parameters and VRMSE."""
     from coursetools.standin import write_standin
@@ -293,7 +302,7 @@ def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(script
     for world, extra in ((0, ()), (2, ("--checkpoint-blocks",)), (3, ())):
         out = tmp_path / f"w{world}"
         size = ("--domain-size", str(world)) if world else ()
-        assert_ok(launch(script, world, *common, "--out", out, *size, *extra),
+        assert_ok(run(script_module, script, world, *common, "--out", out, *size, *extra),
                   f"a 3-D grid on {max(world, 1)} domain rank(s) must train {task('11', 3)}")
         runs[world] = out
     for world in (2, 3):
@@ -330,20 +339,24 @@ def one_line_error(results, out, message, fix):
             f"the refused run left files in its output folder: refuse before writing; {fix}")
 
 
-def test_a_world_the_grid_does_not_divide_is_one_line(script, tiny_data_dir, tmp_path):
+def test_a_world_the_grid_does_not_divide_is_one_line(
+    script, script_module, tiny_data_dir, tmp_path
+):
     out = tmp_path / "out"
-    results = launch(
-        script, 0, "--data-dir", tiny_data_dir, "--out", out, "--domain-size", "2", *ONE_STEP
+    results = run(
+        script_module, script, 0, "--data-dir", tiny_data_dir, "--out", out, "--domain-size", "2",
+        *ONE_STEP,
     )
     one_line_error(results, out, "do not divide into domain groups of 2",
                    f"refuse it with wellfno.domain's ProcessGrid {task('11', 1)}")
 
 
-def test_more_domain_ranks_than_rows_is_one_line(script, tiny_data_dir, tmp_path):
+def test_more_domain_ranks_than_rows_is_one_line(script, script_module, tiny_data_dir, tmp_path):
     """16 rows, 17 domain ranks: refused before any rank is needed (the grid is checked first)."""
     out = tmp_path / "out"
-    results = launch(
-        script, 0, "--data-dir", tiny_data_dir, "--out", out, "--domain-size", "17", *ONE_STEP
+    results = run(
+        script_module, script, 0, "--data-dir", tiny_data_dir, "--out", out, "--domain-size", "17",
+        *ONE_STEP,
     )
     one_line_error(
         results, out, "--domain-size 17 is more than the 16 cells of the first spatial axis",
@@ -363,9 +376,9 @@ def test_modes_too_few_to_share_is_one_line(script, tiny_data_dir, tmp_path):
         out,
         "--domain-size",
         "2",
+        *ONE_STEP,
         "--modes",
         "1",
-        *ONE_STEP,
     )
     one_line_error(results, out, "fewer than the 2 domain ranks",
                    f"share the modes out only when each rank gets some {task('11', 2)}")
@@ -386,10 +399,10 @@ def test_a_checkpoint_of_another_model_size_is_one_line(script, tiny_data_dir, o
         out,
         "--domain-size",
         "2",
-        "--width",
-        "16",
         "--resume",
         *ONE_STEP,
+        "--width",
+        "16",
     )
     codes = [rc for rc, _, _ in results]
     lines = [line for _, _, err in results for line in error_lines(err)]

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import PYTHON, REPO, START_UP_SECONDS, call_main, run_script
+from tests.conftest import PYTHON, REPO, START_UP_SECONDS, call_main, exit_of, run_script
 from wellfno.cli import UserError
 
 STEP = "00_baseline"
@@ -88,9 +88,12 @@ def test_resume_continues_where_a_killed_job_stopped(script, tiny_data_dir, tmp_
     assert [h["epoch"] for h in metrics["history"]] == list(range(1, done + 2))
 
 
-def test_cli_error_is_one_line_without_traceback(script, tmp_path):
-    """As a participant sees it: a file where a folder belongs (NotADirectoryError without the check)."""
-    result = run_script(script, "--data-dir", REPO / "README.md", "--out", tmp_path / "out")
+def test_cli_error_is_one_line_without_traceback(script_module, tmp_path):
+    """As a participant sees it: a file where a folder belongs (NotADirectoryError without the check).
+
+    `python SCRIPT ...` run in this process (conftest.py's exit_of: the same run_main, status and
+    stderr)."""
+    result = exit_of(script_module, "--data-dir", REPO / "README.md", "--out", tmp_path / "out")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()

@@ -3,7 +3,6 @@
 Each test takes one dataset; the stand-ins are written once per session, on first use.
 """
 import json
-import subprocess
 import sys
 
 import h5py
@@ -81,15 +80,22 @@ def assert_stats_equal(got: dict, want: dict):
                                        atol=1e-12 * scale, err_msg=f"{key}[{name}]")
 
 
+@pytest.fixture(scope="module")
+def stats_script():
+    return load_script(REPO / "stats.py")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_stats_script_equals_float64_reference(name, standins, tmp_path):
-    """The serial stats.py (exercise 04's baseline) on every layout: t0/t1/t2, constant fields, 2-D and 3-D."""
+def test_stats_script_equals_float64_reference(name, standins, stats_script, tmp_path, monkeypatch):
+    """The serial stats.py (exercise 04's baseline) on every layout: t0/t1/t2, constant fields, 2-D and 3-D.
+
+    In this process (stats.py's main reads sys.argv): 23 layouts, 23 Python starts saved; the
+    script as a process is tests/test_stats.py's."""
     dataset_dir = standins(name)
     out = tmp_path / "stats.yaml"
-    result = subprocess.run([sys.executable, str(REPO / "stats.py"), str(dataset_dir), "--out", str(out)],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert result.returncode == 0, result.stderr
+    monkeypatch.setattr(sys, "argv", ["stats.py", str(dataset_dir), "--out", str(out)])
+    assert stats_script.main() == 0
     assert_stats_equal(yaml.safe_load(out.read_text()), reference_stats(dataset_dir))
 
 
@@ -178,12 +184,17 @@ def test_fast_reader_bitwise_where_it_claims_the_layout(name, standins):
 
 # ------------------------------------------------------------------- the solutions and tools on 2-D and 3-D data
 
-def run_ok(*args, timeout=300):
-    from tests.conftest import run_script
+_loaded = {}
 
-    result = run_script(*args, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+
+def run_ok(path, *args):
+    """`python PATH ARGS` in this process (its main(argv)): these checks are about the data layouts,
+    not the process, and each Python start would import torch again (seconds each)."""
+    from tests.conftest import call_main
+
+    if path not in _loaded:
+        _loaded[path] = load_script(REPO / path)
+    call_main(_loaded[path], *args)
 
 
 @pytest.mark.slow

@@ -4,12 +4,11 @@ from __future__ import annotations
 import io
 
 import matplotlib
+import numpy as np
+
+from wellfno.cli import atomic_write_bytes
 
 matplotlib.use("Agg")  # no display on compute nodes
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from wellfno.cli import atomic_write_bytes  # noqa: E402
 
 MAX_FIELDS = 6  # rows of three panels each; more would make a figure nobody can read
 
@@ -24,6 +23,10 @@ def rollout_figure(true, pred, field_names, path, *, mean=None, std=None, steps=
     Reference and prediction share one colour scale per field; the error has its own
     symmetric scale, shared across steps, so growth of the error is visible.
     """
+    # Here, not at the top: pyplot takes about a second to import, and most processes that import
+    # this module never draw (a job's other ranks, a refused command, --eval-only).
+    import matplotlib.pyplot as plt
+
     true, pred = np.asarray(true, dtype=np.float64), np.asarray(pred, dtype=np.float64)
     if mean is not None:
         true, pred = true * np.asarray(std) + np.asarray(mean), pred * np.asarray(std) + np.asarray(mean)
@@ -69,6 +72,8 @@ def rollout_figure(true, pred, field_names, path, *, mean=None, std=None, steps=
 
 def save_png(fig, path, dpi=100, **savefig_kwargs):
     """Render `fig` to PNG in memory, write it atomically (no half picture), close the figure."""
+    import matplotlib.pyplot as plt  # loaded by whoever made `fig`
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, **savefig_kwargs)
     plt.close(fig)
