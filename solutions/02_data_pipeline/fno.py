@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from profiling import summarize, timeline, traces
+from profiling import summarize, timeline, traces, window
 
 from wellfno import data, memory, plots
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
@@ -204,21 +204,7 @@ def main(argv=None):
           f"{fields}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
-    prof = trace = None
-    if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-        # the recorded steps are ProfilerStep#first..#last
-        first = args.profile_wait + args.profile_warmup
-        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
-        activities = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = profile(activities=activities, profile_memory=args.profile_memory,
-                       with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace,
-                                                                                        rank),
-                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
-                                         active=args.profile_active, repeat=1))
-        prof.start()
+    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
 
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:

@@ -7,7 +7,6 @@ with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
 """
 import argparse
 import datetime
-import os
 import time
 from pathlib import Path
 
@@ -15,19 +14,19 @@ import torch
 import torch.distributed as dist
 from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
-from profiling import summarize, timeline, traces
+from profiling import window
 
-from wellfno import data, memory, plots
+from wellfno import data, memory, options, plots
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import DEVICE_CHOICES, check_gpu_not_shared, pick_backend, pick_device
+from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
@@ -38,40 +37,7 @@ from wellfno.watchdog import Watchdog
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default=data.EMBEDDED,
-                   help="embedded dataset or a Well dataset name")
-    p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"),
-                   help="folder that holds datasets/ (default $WELL_DATA or ./data)")
-    p.add_argument("--download", action="store_true", help="fetch a missing Well dataset")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--max-steps", type=int, default=0,
-                   help="stop training after this many steps (0: no limit)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--width", type=int, default=32,
-                   help="FNO channels: memory and compute grow with it")
-    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
-    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/baseline", help="output folder")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--profile", action="store_true",
-                   help="trace the last steps of a --max-steps run (default 12)")
-    p.add_argument("--profile-warmup", type=int, default=2, help="steps traced, then thrown away")
-    p.add_argument("--profile-active", type=int, default=5, help="steps recorded into the trace")
-    p.add_argument("--profile-memory", action="store_true", help="also record tensor allocations")
-    p.add_argument("--with-stack", action="store_true", help="also record Python stacks (slower)")
-    p.add_argument("--num-workers", type=int, default=0,
-                   help="DataLoader worker processes (0: load in this process)")
-    p.add_argument("--prefetch-factor", type=int, default=None,
-                   help="batches each worker loads ahead (torch: 2)")
-    p.add_argument("--persistent-workers", action="store_true",
-                   help="keep the workers from one epoch to the next")
-    p.add_argument("--pin-memory", action="store_true",
-                   help="batches in page-locked memory: faster copies to a GPU")
-    p.add_argument("--fast-reader", action="store_true",
-                   help="wellfno.fastwell: WellDataset's samples, read faster")
+    options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
                    default="exclusive",
                    help="pin this rank and its workers to cores near its GPU "
@@ -88,18 +54,7 @@ def parse_args(argv=None):
                    help="read the loss back from the device every K steps "
                         "(the only host sync of the loop)")
     args = p.parse_args(argv)
-    if args.num_workers < 0 or (args.prefetch_factor is not None and args.prefetch_factor < 1):
-        raise UserError("--num-workers must be 0 or more and --prefetch-factor at least 1")
-    if args.num_workers == 0 and (args.prefetch_factor is not None or args.persistent_workers):
-        print("note: --prefetch-factor and --persistent-workers act on worker processes: ignored "
-              "with --num-workers 0")
-    # wait out the first steps: they pay one-time costs (allocator, FFT plans, loader start)
-    if args.profile:
-        args.max_steps = args.max_steps or 12
-        args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
-        if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
-            raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active "
-                            "(>= 1)")
+    options.check_arguments(args)  # 02's loader options, 01's --profile window
     for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -292,21 +247,7 @@ def train(args, env, backend, device):
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
-    prof = trace = None
-    if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-        # the recorded steps are ProfilerStep#first..#last
-        first = args.profile_wait + args.profile_warmup
-        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
-        activities = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = profile(activities=activities, profile_memory=args.profile_memory,
-                       with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace,
-                                                                                        rank),
-                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
-                                         active=args.profile_active, repeat=1))
-        prof.start()
+    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
 
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
@@ -335,18 +276,7 @@ def train(args, env, backend, device):
                                                epoch=epoch, step=step, history=history,
                                                world_size=env.world_size))
     if prof:
-        prof.stop()
-        if not trace.exists():
-            raise UserError(f"the run ended after {step} steps, before the profiled window: raise "
-                            "--epochs")
-        if env.rank > 0:
-            return  # every rank wrote its trace; rank 0 alone reads its own
-        sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
-        print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-        loaded = summarize.print_summary(trace)
-        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and "
-              f"{timeline.draw(trace, trace=loaded)}")
-        return
+        return window.finish(prof, trace, step, env, device)  # step 05's end of it
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
     valid_loss = (validate(model, valid_loader, device) if args.eval_only
