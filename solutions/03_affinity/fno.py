@@ -32,9 +32,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
-                   default="exclusive",
-                   help="pin this rank and its workers to cores near its GPU "
-                        "(affinity/plan.py explains the modes)")
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
     p.add_argument("--report-workers", action="store_true",
                    help="each DataLoader worker prints where it runs")
     args = p.parse_args(argv)
@@ -116,8 +115,7 @@ def main(argv=None):
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
         cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        # cuda:<local rank's GPU>
-        device = rank_device if rank_device.type == device.type else device
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
     dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
@@ -125,12 +123,10 @@ def main(argv=None):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     # page-locking only speeds up copies to a GPU; torch would warn
@@ -144,8 +140,7 @@ def main(argv=None):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, shuffle=True,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,

@@ -2,8 +2,7 @@
 
     torchrun --standalone --nproc-per-node 4 solutions/05_ddp/fno.py --num-workers 4
 
-Rank 0 writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues
-from it).
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
 """
 import argparse
 import time
@@ -36,9 +35,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
-                   default="exclusive",
-                   help="pin this rank and its workers to cores near its GPU "
-                        "(affinity/plan.py explains the modes)")
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
     p.add_argument("--report-workers", action="store_true",
                    help="each DataLoader worker prints where it runs")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
@@ -120,9 +118,8 @@ def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
-    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                   device.type == "cuda", env.step_gpus, env.launcher)
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
+                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
     if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
@@ -142,8 +139,7 @@ def train(args, env, backend, device):
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
         cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        # cuda:<local rank's GPU>
-        device = rank_device if rank_device.type == device.type else device
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
     if env.rank > 0:
@@ -155,12 +151,10 @@ def train(args, env, backend, device):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     # page-locking only speeds up copies to a GPU; torch would warn
@@ -174,10 +168,8 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
-    # with repeats to a multiple of world_size (every rank takes as many steps).
     train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
                                        seed=args.seed)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
@@ -232,9 +224,8 @@ def train(args, env, backend, device):
             f"valid_loss {row['valid_loss']:.4f}  {row['samples'] / row['seconds']:.0f} samples/s "
             f"per rank")
         if env.rank == 0:  # one writer; the others hold the same model
-            atomic_torch_save(checkpoint, dict(model=model.state_dict(),
-                                               optimizer=optimizer.state_dict(),
-                                               epoch=epoch, step=step, history=history))
+            atomic_torch_save(checkpoint, dict(model=model.state_dict(), epoch=epoch, step=step,
+                                               optimizer=optimizer.state_dict(), history=history))
     if prof:
         prof.stop()
         if not trace.exists():

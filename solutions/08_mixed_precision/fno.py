@@ -2,7 +2,7 @@
 
     python solutions/08_mixed_precision/fno.py --amp bf16 --log-every 50
 
-Rank 0 writes OUT/metrics.json (with the peak memory), OUT/rollout.png and OUT/checkpoint.pt
+Writes OUT/metrics.json (with the peak memory), OUT/rollout.png and OUT/checkpoint.pt
 (`--resume` continues from it,
 with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
 """
@@ -44,9 +44,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
-                   default="exclusive",
-                   help="pin this rank and its workers to cores near its GPU "
-                        "(affinity/plan.py explains the modes)")
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
     p.add_argument("--report-workers", action="store_true",
                    help="each DataLoader worker prints where it runs")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
@@ -153,8 +152,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
         with record_function("optimizer"):
-            # = optimizer.step(); fp16: unscale, skip inf/nan
-            scaler.step(ComplexGradsAsReal(optimizer))
+            scaler.step(ComplexGradsAsReal(optimizer))  # optimizer.step(); fp16: unscale, skip inf
             scaler.update()
         loss_sum += loss.detach() * len(x)  # queued on the device: no wait
         samples, steps = samples + len(x), steps + 1
@@ -182,9 +180,8 @@ def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
-    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                   device.type == "cuda", env.step_gpus, env.launcher)
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
+                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
     if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
@@ -211,8 +208,7 @@ def train(args, env, backend, device):
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
         cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        # cuda:<local rank's GPU>
-        device = rank_device if rank_device.type == device.type else device
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
@@ -228,12 +224,10 @@ def train(args, env, backend, device):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
@@ -252,16 +246,14 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
-    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank; drop_last
-    # leaves out the len % world_size that do not divide (named below) instead of repeating some.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
+    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
+    # with none: drop_last leaves out the len % world_size that do not divide (named below).
     train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
                                        seed=args.seed, drop_last=True)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
-    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
-    # pitfall).
+    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
@@ -274,11 +266,10 @@ def train(args, env, backend, device):
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    # fp16's small range needs it
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
     amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
-    autocast = (lambda: torch.autocast(device.type,
-                                       dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
+        contextlib.nullcontext
     first_epoch, step, history = 1, 0, []
     if (args.resume or args.eval_only) and checkpoint.exists():  # every rank: same model, same Adam
         state = load_checkpoint(checkpoint, map_location=device)
@@ -326,9 +317,8 @@ def train(args, env, backend, device):
             f"{row['valid_loss']:.4f}  {row['samples'] / row['seconds']:.0f} samples/s "
             f"({env.world_size} rank(s))")
         if env.rank == 0:  # one writer; the others hold the same model
-            atomic_torch_save(checkpoint, dict(model=model.state_dict(),
-                                               optimizer=optimizer.state_dict(),
-                                               epoch=epoch, step=step, history=history,
+            atomic_torch_save(checkpoint, dict(model=model.state_dict(), epoch=epoch, step=step,
+                                               optimizer=optimizer.state_dict(), history=history,
                                                world_size=env.world_size,
                                                scaler=scaler.state_dict()))
     if prof:
@@ -350,10 +340,9 @@ def train(args, env, backend, device):
                          std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     if args.eval_only:
-        atomic_write_json(out / "eval.json", dict(
-            valid_loss=valid_loss, rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse,
-            world_size=env.world_size, epoch=history[-1]["epoch"], device=str(device),
-            dataset=str(dataset_dir)))
+        atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,
+            persistence_vrmse=persistence_vrmse, world_size=env.world_size, device=str(device),
+            epoch=history[-1]["epoch"], dataset=str(dataset_dir)))
         print(f"valid_loss {valid_loss:.6f}; wrote {out / 'eval.json'}, {out / 'rollout.png'}")
         return
     samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))

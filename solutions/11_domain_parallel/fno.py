@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 solutions/11_domain_parallel/fno.py --domain-size 2  # 1 x 2 ranks
     torchrun --nproc-per-node 4 solutions/11_domain_parallel/fno.py --domain-size 2  # 2 x 2 ranks
 
-Rank 0 writes OUT/metrics.json (with the peak memory, FLOPs per sample, FLOP/s and MFU),
+Writes OUT/metrics.json (with the peak memory, FLOPs per sample, FLOP/s and MFU),
 OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
 with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
 """
@@ -48,9 +48,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
-                   default="exclusive",
-                   help="pin this rank and its workers to cores near its GPU "
-                        "(affinity/plan.py explains the modes)")
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
     p.add_argument("--report-workers", action="store_true",
                    help="each DataLoader worker prints where it runs")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
@@ -82,8 +81,7 @@ def parse_args(argv=None):
     options.check_arguments(args)  # 02's loader options, 01's --profile window
     if args.nvtx and args.profile:
         raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3, --profile to "
-                        "torch.profiler: "
-                        "use one at a time")
+                        "torch.profiler: use one at a time")
     for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every", "layers",
                  "domain_size"):
         if getattr(args, name) < 1:
@@ -139,8 +137,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
         with record_function("optimizer"):
-            # = optimizer.step(); fp16: unscale, skip inf/nan
-            scaler.step(ComplexGradsAsReal(optimizer))
+            scaler.step(ComplexGradsAsReal(optimizer))  # optimizer.step(); fp16: unscale, skip inf
             scaler.update()
         loss_sum += loss.detach() * len(x)  # queued on the device: no wait
         samples, steps = samples + len(x), steps + 1
@@ -162,17 +159,15 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
     return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps,
                 seconds=end - start,
                 timed_samples=timed_samples, timed_seconds=end - timed_from,
-                untimed_seconds=timed_from - start,
-                loss_log=loss_log)
+                untimed_seconds=timed_from - start, loss_log=loss_log)
 
 
 def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
-    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                   device.type == "cuda", env.step_gpus, env.launcher)
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
+                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
     if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
@@ -204,8 +199,7 @@ def train(args, env, backend, device):
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
         cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        # cuda:<local rank's GPU>
-        device = rank_device if rank_device.type == device.type else device
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
@@ -221,12 +215,10 @@ def train(args, env, backend, device):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     # data x domain: DDP across the data groups, one sample per domain group (consecutive ranks)
     layout = domain.ProcessGrid.create(env.rank, env.world_size, args.domain_size,
                                        rows=splits["train"].metadata.spatial_resolution[0])
@@ -236,13 +228,10 @@ def train(args, env, backend, device):
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
                             f"samples, fewer than the {layout.data_size} {groups}: start at most "
                             f"{len(splits[split])} {groups}")
-    # the spatial sizes of a frame (no sample read)
-    grid = tuple(splits["train"].metadata.spatial_resolution)
-    # neuralop keeps modes/2 frequencies each side of 0; a grid has up to N/2
-    if args.modes > min(grid):
+    grid = tuple(splits["train"].metadata.spatial_resolution)  # a frame's sizes (no sample read)
+    if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
         raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid "
-                        "holds: use "
-                        f"--modes {min(grid)} or fewer")
+                        f"holds: use --modes {min(grid)} or fewer")
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     slab = layout.slab(grid[0])  # this rank's rows of the first spatial axis (all, if 1 rank)
@@ -260,21 +249,16 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
-    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank; drop_last
-    # leaves out the len % world_size that do not divide (named below) instead of repeating some.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
+    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
+    # with none: drop_last leaves out the len % world_size that do not divide (named below).
     train_sampler = DistributedSampler(splits["train"], layout.data_size, layout.data_index,
-                                       shuffle=True,
-                                       seed=args.seed, drop_last=True)
-    # A compiled model compiles again for every new batch shape: with --compile, no short last
-    # batch.
+                                       shuffle=True, seed=args.seed, drop_last=True)
+    # A compiled model compiles again for every new batch shape: with --compile, no short batch.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
-                              drop_last=args.compile,
-                              generator=torch.Generator().manual_seed(args.seed),
-                              **loader_options)
-    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
-    # pitfall).
+                              drop_last=args.compile, **loader_options,
+                              generator=torch.Generator().manual_seed(args.seed))
+    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               sampler=range(layout.data_index, len(splits["valid"]),
                                             layout.data_size),
@@ -283,8 +267,7 @@ def train(args, env, backend, device):
     # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
     # inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
-                                     modes=args.modes,
-                                     layers=args.layers)
+                                     modes=args.modes, layers=args.layers)
     domain.check_layout(model, args.domain_size)
     domain.split_model(model, slab)  # spectral convolutions exchange modes in the group; same state
     loss_fn = domain.sample_loss(model.loss, slab)  # the whole sample's mean, on each rank of it
@@ -296,11 +279,10 @@ def train(args, env, backend, device):
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    # fp16's small range needs it
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
     amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
-    autocast = (lambda: torch.autocast(device.type,
-                                       dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
+        contextlib.nullcontext
     # FLOPs of one training step on this input size: forward + backward, counted once (shapes only
     # matter); the example holds the frames and the constant fields.
     example = torch.zeros(args.batch_size, model.in_channels, slab.stop - slab.start, *grid[1:],
@@ -329,14 +311,13 @@ def train(args, env, backend, device):
         ddp_model.register_comm_hook(None, domain.domain_comm_hook(layout.data_size))
         log(f"{layout.data_size} data x {layout.domain_size} domain ranks: each holds "
             f"{slab.stop - slab.start} or fewer of the {grid[0]} rows of a sample")
-    # compiles at its first call
-    train_model = torch.compile(ddp_model) if args.compile else ddp_model
+    train_model = torch.compile(ddp_model) if args.compile else ddp_model  # compiles at first call
     global_batch = args.batch_size * layout.data_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, "
         f"{device.type}): {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"{counted['per_sample'] / 1e6:.1f} MFLOP "
-        f"per sample (forward + backward), amp {args.amp}{', compiled' if args.compile else ''}")
+        f"{counted['per_sample'] / 1e6:.1f} MFLOP per sample (forward + backward), "
+        f"amp {args.amp}{', compiled' if args.compile else ''}")
     log(f"global batch {global_batch} = {layout.data_size} {groups[:-1]}(s) x --batch-size "
         f"{args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
@@ -373,9 +354,8 @@ def train(args, env, backend, device):
             + (f"; first step (compiling) {row['untimed_seconds']:.1f} s"
                if args.compile and epoch == 1 else ""))
         if env.rank == 0:  # one writer; the others hold the same model
-            atomic_torch_save(checkpoint, dict(model=model.state_dict(),
-                                               optimizer=optimizer.state_dict(),
-                                               epoch=epoch, step=step, history=history,
+            atomic_torch_save(checkpoint, dict(model=model.state_dict(), epoch=epoch, step=step,
+                                               optimizer=optimizer.state_dict(), history=history,
                                                world_size=env.world_size,
                                                scaler=scaler.state_dict()))
     nvtx.__exit__(None, None, None)
@@ -405,10 +385,9 @@ def train(args, env, backend, device):
                          std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     if args.eval_only:
-        atomic_write_json(out / "eval.json", dict(
-            valid_loss=valid_loss, rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse,
-            world_size=env.world_size, epoch=history[-1]["epoch"], device=str(device),
-            dataset=str(dataset_dir)))
+        atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,
+            persistence_vrmse=persistence_vrmse, world_size=env.world_size, device=str(device),
+            epoch=history[-1]["epoch"], dataset=str(dataset_dir)))
         print(f"valid_loss {valid_loss:.6f}; wrote {out / 'eval.json'}, {out / 'rollout.png'}")
         return
     samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
@@ -420,8 +399,7 @@ def train(args, env, backend, device):
     if args.compile and excludes != "nothing":
         excludes += ", with --compile the compiling step"
     efficiency = flops.utilization(counted["per_sample"], samples / seconds,
-                                   flops.device_peak(device), args.amp,
-                                   devices=env.world_size)
+                                   flops.device_peak(device), args.amp, devices=env.world_size)
     mfu = efficiency["mfu"]
     print(f"{efficiency['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s achieved; MFU "
           f"{'unknown' if mfu is None else f'{100 * mfu:.2f}%'} of {env.world_size} x "
@@ -437,8 +415,8 @@ def train(args, env, backend, device):
     atomic_write_json(out / "metrics.json", dict(
         samples_per_second=samples / seconds, samples_per_second_excludes=excludes, **peak_memory,
         **efficiency, flops_by_kind=counted["by_kind"],
-        compile_seconds=(history[0]["untimed_seconds"] if args.compile and first_epoch == 1
-                         else None),
+        compile_seconds=history[0]["untimed_seconds"] if args.compile and first_epoch == 1
+        else None,
         samples_per_second_per_rank=history[-1].get("samples_per_second_per_rank"),  # last epoch's
         world_size=env.world_size, global_batch_size=global_batch,
         train_loss=history[-1]["train_loss"], valid_loss=valid_loss,
