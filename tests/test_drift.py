@@ -54,8 +54,7 @@ CHANGES = {
                   "autocast = ",
                   "scaler.load_state_dict(", 'log(f"Training on', "row = train_one_epoch(",
                   "atomic_torch_save(",
-                  'if device.type == "cuda":  # what low precision saves',
-                  'atomic_write_json(out / "metrics.json"'],
+                  "peak_memory = memory.peak_memory(", 'atomic_write_json(out / "metrics.json"'],
     },
     "09_compile_mfu": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
@@ -67,8 +66,7 @@ CHANGES = {
                   "train_model = ", 'log(f"Training on', "nvtx = ", "nvtx.__enter__()",
                   "nvtx.__exit__(",
                   "row = train_one_epoch(", 'log(f"epoch {epoch}', "excludes += ", "efficiency = ",
-                  "mfu = ",
-                  'print(f"{efficiency', 'atomic_write_json(out / "metrics.json"'],
+                  "print(flops.utilization_line(", 'atomic_write_json(out / "metrics.json"'],
     },
     "10_checkpointing": {
         "parse_args": EVERYWHERE,

@@ -2,8 +2,8 @@
 
     python solutions/07_host_syncs/fno.py --log-every 50   # read the loss back every 50 steps only
 
-Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
-with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
+With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
 """
 import argparse
 import datetime

@@ -2,15 +2,13 @@
 
     python solutions/08_mixed_precision/fno.py --amp bf16 --log-every 50
 
-Writes OUT/metrics.json (with the peak memory), OUT/rollout.png and OUT/checkpoint.pt
-(`--resume` continues from it,
-with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
+With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
+OUT/metrics.json holds the peak memory too.
 """
 import argparse
 import contextlib
 import datetime
-import resource
-import sys
 import time
 from pathlib import Path
 
@@ -351,13 +349,7 @@ def train(args, env, backend, device):
     if not samples:  # a run too short to leave the start-up out
         samples, seconds = sum(h["samples"] for h in history), sum(h["seconds"] for h in history)
         excludes = "nothing"
-    if device.type == "cuda":  # what low precision saves: activations kept for the backward
-        peak_memory = dict(peak_memory_bytes=torch.cuda.max_memory_allocated(device),
-                           peak_memory_of="device")
-    else:  # ru_maxrss: KiB on Linux, bytes on macOS
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_memory = dict(peak_memory_bytes=rss * (1 if sys.platform == "darwin" else 1024),
-                           peak_memory_of="process (max RSS)")
+    peak_memory = memory.peak_memory(device)  # what low precision saves: activations kept
     atomic_write_json(out / "metrics.json", dict(
         samples_per_second=samples / seconds, samples_per_second_excludes=excludes, **peak_memory,
         samples_per_second_per_rank=history[-1].get("samples_per_second_per_rank"),  # last epoch's

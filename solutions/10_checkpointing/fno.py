@@ -3,15 +3,13 @@
     python solutions/10_checkpointing/fno.py --checkpoint-blocks      # keep block inputs only
     python solutions/10_checkpointing/fno.py --checkpoint-blocks --dataset MHD_64 --batch-size 1
 
-Writes OUT/metrics.json (with the peak memory, FLOPs per sample, FLOP/s and MFU),
-OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
-with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
+With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
+OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
 """
 import argparse
 import contextlib
 import datetime
-import resource
-import sys
 import time
 from pathlib import Path
 
@@ -67,9 +65,8 @@ def parse_args(argv=None):
                    help="torch.compile the model (compile time reported apart)")
     p.add_argument("--layers", type=int, default=4,
                    help="FNO blocks (with --width and --modes: the model's size)")
-    p.add_argument("--nvtx", action="store_true",
-                   help="the record_function ranges as NVTX (NVIDIA) / ROCTx (AMD) ranges for "
-                        "nsys / rocprofv3")
+    p.add_argument("--nvtx", action="store_true", help="the record_function ranges as NVTX "
+                   "(NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     p.add_argument("--checkpoint-blocks", action="store_true",
                    help="activation checkpointing: keep each FNO block's input only, recompute "
                         "the rest in the backward")
@@ -105,9 +102,9 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
                     untimed_steps=0, prof=None, show=True, log_every=1):
     """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history.
 
-    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds); with
-    --compile the first of them compiles (untimed_seconds). The loss stays on the device and is
-    read back every `log_every` steps (loss_log: [step, mean so far]).
+    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds). The
+    loss stays on the device and is read back every `log_every` steps (loss_log: [step, mean
+    so far]). With --compile the first untimed step compiles (untimed_seconds).
     """
     model.train()
     fno = getattr(model, "_orig_mod", model)  # torch.compile wraps DDP, DDP wraps the FNO
@@ -136,7 +133,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
         loss_sum += loss.detach() * len(x)  # queued on the device: no wait
         samples, steps = samples + len(x), steps + 1
         if steps <= untimed_steps:
-            synchronize(device)  # the untimed steps end here on the device too (a compile included)
+            synchronize(device)  # the untimed steps end here on the device too
             timed_from = time.perf_counter()
         else:
             timed_samples += len(x)
@@ -264,8 +261,7 @@ def train(args, env, backend, device):
     amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
     autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
         contextlib.nullcontext
-    # FLOPs of one training step on this input size: forward + backward, counted once (shapes only
-    # matter); the example holds the frames and the constant fields.
+    # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
     if device.type == "cuda":  # the count ran a float32 step: the peak memory is training's alone
@@ -363,18 +359,8 @@ def train(args, env, backend, device):
         excludes += ", with --compile the compiling step"
     efficiency = flops.utilization(counted["per_sample"], samples / seconds,
                                    flops.device_peak(device), args.amp, devices=env.world_size)
-    mfu = efficiency["mfu"]
-    print(f"{efficiency['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s achieved; MFU "
-          f"{'unknown' if mfu is None else f'{100 * mfu:.2f}%'} of {env.world_size} x "
-          f"{efficiency['peak_device']} ({efficiency['peak_precision']} peak"
-          f"{', an estimate' if efficiency['peak_is_estimate'] else ''})")
-    if device.type == "cuda":  # what low precision saves: activations kept for the backward
-        peak_memory = dict(peak_memory_bytes=torch.cuda.max_memory_allocated(device),
-                           peak_memory_of="device")
-    else:  # ru_maxrss: KiB on Linux, bytes on macOS
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_memory = dict(peak_memory_bytes=rss * (1 if sys.platform == "darwin" else 1024),
-                           peak_memory_of="process (max RSS)")
+    print(flops.utilization_line(efficiency))  # GFLOP/s achieved; MFU of world_size x the peak
+    peak_memory = memory.peak_memory(device)  # what low precision saves: activations kept
     atomic_write_json(out / "metrics.json", dict(
         samples_per_second=samples / seconds, samples_per_second_excludes=excludes, **peak_memory,
         **efficiency, flops_by_kind=counted["by_kind"],
