@@ -90,6 +90,9 @@ def parse_args(argv=None):
         raise UserError("--timeout must be a positive number of seconds")
     if args.eval_only and args.profile:
         raise UserError("--profile traces training steps: drop it with --eval-only")
+    if args.compile and args.domain_size > 1:  # Inductor fails on the exchange's complex views
+        raise UserError("--compile and --domain-size > 1 do not go together: torch.compile cannot "
+                        "compile the split spectral convolution; drop --compile")
     check_output_dir(args.out)
     return args
 
