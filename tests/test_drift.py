@@ -70,7 +70,8 @@ CHANGES = {
     },
     "10_checkpointing": {
         "parse_args": EVERYWHERE,
-        "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits("],
+        "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits(",
+                  "cpus, device = training.bind(", "loader_options = training.loader_options("],
     },
     "11_domain_parallel": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
@@ -103,6 +104,9 @@ MOVED_BLOCKS = {
     "wellfno.options.check_arguments": ("02_data_pipeline", "parse_args",
                                         "if args.num_workers < 0", "for name in (", "03_affinity"),
     "profiling.window.finish": ("05_ddp", "train", "if prof:", "body", "07_host_syncs"),
+    "affinity.training.bind": ("03_affinity", "main", "cpus = None", 3, "10_checkpointing"),
+    "affinity.training.loader_options": ("03_affinity", "main", "if args.pin_memory", 3,
+                                         "10_checkpointing"),
 }
 # A moved function that a later step replaces by a package's variant: name -> (that step, what it
 # calls instead); the variant's own test below says how it differs from the taught code.

@@ -22,8 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from affinity.bind import bind_this_rank, worker_init_fn
-from affinity.report import report_line
+from affinity import training
 from profiling import window
 
 from wellfno import data, domain, flops, memory, options, plots
@@ -196,11 +195,7 @@ def train(args, env, backend, device):
     if args.nvtx and device.type != "cuda":
         raise UserError("--nvtx marks ranges for Nsight Systems / rocprofv3 on a GPU; on the CPU "
                         "use --profile")
-    cpus = None
-    if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
-        cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
-    print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
+    cpus, device = training.bind(args, device)  # step 03's pinning (affinity.training)
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
     if args.eval_only and not checkpoint.is_file():
@@ -238,16 +233,7 @@ def train(args, env, backend, device):
     if args.domain_size > 1:  # each rank reads its rows only (HDF5 hyperslabs): the samples, cut
         splits = {split: SlabWellDataset(dataset_dir, split, args.n_steps_input, rows=slab.rows)
                   for split in splits}
-    # page-locking only speeds up copies to a GPU; torch would warn
-    if args.pin_memory and device.type != "cuda":
-        print(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
-    loader_options = dict(num_workers=args.num_workers,
-                          pin_memory=args.pin_memory and device.type == "cuda")
-    if args.num_workers:  # DataLoader refuses these without workers
-        loader_options.update(prefetch_factor=args.prefetch_factor,
-                              persistent_workers=args.persistent_workers)
-        if cpus:  # each worker on its own slice of the rank's cores, not all on one
-            loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
+    loader_options = training.loader_options(args, device, cpus)  # steps 02 and 03's
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
