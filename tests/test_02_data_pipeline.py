@@ -116,7 +116,7 @@ def test_negative_workers_is_one_line_error(script_module, tmp_path):
 
 
 def test_fast_reader_trains_exactly_like_welldataset(script, fno, reference, tiny_data_dir, tmp_path):
-    if "--fast-reader" not in script.read_text():
+    if "--fast-reader" not in run_script(script, "--help").stdout:  # solution 03 on: wellfno.options
         pytest.skip("optional task: --fast-reader not in this script")
     fast = train(fno, tiny_data_dir, tmp_path / "fast", "--n-steps-input", 2, "--fast-reader", "--num-workers", 2)
     differ = sum(a != b for a, b in zip(losses(fast), losses(reference)))

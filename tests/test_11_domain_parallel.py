@@ -351,6 +351,19 @@ def test_a_world_the_grid_does_not_divide_is_one_line(
                    f"refuse it with wellfno.domain's ProcessGrid {task('11', 1)}")
 
 
+def test_compile_with_a_domain_group_is_one_line(script, script_module, tiny_data_dir, tmp_path):
+    """--compile --domain-size 2 is refused before any rank is needed. Tried (torch 2.13, CPU, gloo,
+    2 ranks, 16 x 16 grid): torch.compile spends minutes compiling, then Inductor stops with a
+    traceback in the backward of the all-to-all exchange ("self.stride(-1) must be 1 to view
+    ComplexFloat as Float", at DomainSpectralConv's split of the kept modes). Without the refusal
+    this single process would fail on the layout instead ("do not divide into domain groups")."""
+    out = tmp_path / "out"
+    results = run(script_module, script, 0, "--data-dir", tiny_data_dir, "--out", out,
+                  "--domain-size", "2", "--compile", *ONE_STEP)
+    one_line_error(results, out, "--compile and --domain-size > 1 do not go together",
+                   f"refuse the pair before the ranks {task('11', 1)}")
+
+
 def test_more_domain_ranks_than_rows_is_one_line(script, script_module, tiny_data_dir, tmp_path):
     """16 rows, 17 domain ranks: refused before any rank is needed (the grid is checked first)."""
     out = tmp_path / "out"

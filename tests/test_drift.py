@@ -17,6 +17,8 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,7 +47,7 @@ CHANGES = {
     },
     "07_host_syncs": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+synchronize": EVERYWHERE,
-        "train": ["row = train_one_epoch("],
+        "train": ["row = train_one_epoch(", "return window.finish("],
     },
     "08_mixed_precision": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
@@ -54,8 +56,7 @@ CHANGES = {
                   "autocast = ",
                   "scaler.load_state_dict(", 'log(f"Training on', "row = train_one_epoch(",
                   "atomic_torch_save(",
-                  'if device.type == "cuda":  # what low precision saves',
-                  'atomic_write_json(out / "metrics.json"'],
+                  "peak_memory = memory.peak_memory(", 'atomic_write_json(out / "metrics.json"'],
     },
     "09_compile_mfu": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
@@ -67,15 +68,15 @@ CHANGES = {
                   "train_model = ", 'log(f"Training on', "nvtx = ", "nvtx.__enter__()",
                   "nvtx.__exit__(",
                   "row = train_one_epoch(", 'log(f"epoch {epoch}', "excludes += ", "efficiency = ",
-                  "mfu = ",
-                  'print(f"{efficiency', 'atomic_write_json(out / "metrics.json"'],
+                  "print(flops.utilization_line(", 'atomic_write_json(out / "metrics.json"'],
     },
     "10_checkpointing": {
         "parse_args": EVERYWHERE,
-        "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits("],
+        "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits(",
+                  "cpus, device = training.bind(", "loader_options = training.loader_options("],
     },
     "11_domain_parallel": {
-        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+validate": EVERYWHERE,
+        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "train": ["layout = domain.ProcessGrid.create(", "groups = ", "if len(splits[split]) < ",
                   "slab = ", "if args.domain_size", "train_sampler = DistributedSampler(",
                   "valid_loader = DataLoader(", "domain.check_layout(", "domain.split_model(",
@@ -83,7 +84,7 @@ CHANGES = {
                   "global_batch = ", 'log(f"global batch', "left_out = ",
                   'log(f"epoch {epoch}: training samples', "row = train_one_epoch(",
                   "row.update(", 'row["valid_loss"]', 'row["samples_left_out"]',
-                  "valid_loss = (validate(", "true, pred = example"],
+                  "valid_loss = (domain.validate(", "true, pred = example"],
     },
 }
 # function -> (the module later steps import it from, the step whose solution taught it)
@@ -92,6 +93,26 @@ MOVED = {
     "spectral_convs_in_float32": ("wellfno.amp", "08_mixed_precision"),
     "ComplexGradsAsReal": ("wellfno.amp", "08_mixed_precision"),
 }
+# Blocks of statements that left the solutions for a package once their step was taught:
+# "module.function" -> (the step that taught the block, the solution's function it was in, the
+# first line of its first statement, how many statements ("body": the body of that statement; a
+# string: up to the statement with that first line),
+# the first step that calls the package's copy instead). The package function's body is those
+# statements (its docstring aside, and a last `return` of what the block made).
+MOVED_BLOCKS = {
+    "profiling.window.start": ("01_profiling", "main", "prof = trace = None", 2, "02_data_pipeline"),
+    "wellfno.options.add_arguments": ("02_data_pipeline", "parse_args", 'p.add_argument("--dataset"',
+                                      "args = p.parse_args(argv)", "03_affinity"),
+    "wellfno.options.check_arguments": ("02_data_pipeline", "parse_args",
+                                        "if args.num_workers < 0", "for name in (", "03_affinity"),
+    "profiling.window.finish": ("05_ddp", "train", "if prof:", "body", "07_host_syncs"),
+    "affinity.training.bind": ("03_affinity", "main", "cpus = None", 3, "10_checkpointing"),
+    "affinity.training.loader_options": ("03_affinity", "main", "if args.pin_memory", 3,
+                                         "10_checkpointing"),
+}
+# A moved function that a later step replaces by a package's variant: name -> (that step, what it
+# calls instead); the variant's own test below says how it differs from the taught code.
+REPLACED = {"validate": ("11_domain_parallel", "domain.validate(")}
 # APIs newer than the oldest torch the course supports (requirements.txt, INSTRUCTORS.md).
 TOO_NEW = {"torch.amp.is_autocast_available": "torch 2.4 (wellfno.amp.autocast_available works on "
                                               "any)"}
@@ -201,10 +222,69 @@ def test_moved_code_is_the_taught_code(name):
         tree = ast.parse(source(step))
         if name in definitions(tree):
             continue  # not moved yet in this step
+        if name in REPLACED and list(STEPS).index(step) >= list(STEPS).index(REPLACED[name][0]):
+            assert REPLACED[name][1] in source(step), f"{STEPS[step]} does not call {REPLACED[name][1]}"
+            continue
         imported = {(n.module, a.name) for n in ast.walk(tree)
                     if isinstance(n, ast.ImportFrom) for a in n.names}
         assert (module, name) in imported, \
             f"{STEPS[step]} neither defines {name} nor imports it from {module}"
+
+
+def taught_block(step: str, function: str, first_line: str, count) -> list[ast.stmt]:
+    src = source(step)
+    body = definitions(ast.parse(src))[function].body
+
+    def index(line):
+        found = [i for i, s in enumerate(body)
+                 if ast.get_source_segment(src, s).splitlines()[0].strip().startswith(line)]
+        assert len(found) == 1, f"{STEPS[step]}: {function} has {len(found)} statements `{line}`"
+        return found[0]
+
+    first = index(first_line)
+    if count == "body":
+        return body[first].body
+    return body[first:index(count) if isinstance(count, str) else first + count]
+
+
+@pytest.mark.parametrize("name", list(MOVED_BLOCKS))
+def test_moved_block_is_the_taught_code(name):
+    """A block a solution taught, now a package function: the same statements, called from then on."""
+    taught_in, function, first_line, count, moved_in = MOVED_BLOCKS[name]
+    taught = taught_block(taught_in, function, first_line, count)
+    module, func = name.rsplit(".", 1)
+    package_file = Path(importlib.import_module(module).__file__)
+    body = definitions(ast.parse(package_file.read_text()))[func].body
+    if ast.get_docstring(ast.Module(body=body, type_ignores=[])) is not None:
+        body = body[1:]
+    extra = body[len(taught):]
+    assert len(extra) <= 1 and all(isinstance(s, ast.Return) for s in extra), \
+        f"{name} does more than {STEPS[taught_in]}'s block"
+    assert [ast.dump(s) for s in body[:len(taught)]] == [ast.dump(s) for s in taught], \
+        f"{name} is not the block `{first_line}` of {STEPS[taught_in]}'s {function}"
+    call = f"{module.rsplit('.', 1)[1]}.{func}("
+    for step in list(STEPS)[list(STEPS).index(moved_in):]:
+        assert call in source(step), f"{STEPS[step]} neither holds the block nor calls {call}"
+
+
+def test_domain_validate_is_ranks_validate_with_the_loss_as_an_argument():
+    """Solution 11's loss-taking validate lives in wellfno.domain: step 06's, but for the loss."""
+    import wellfno.domain
+    import wellfno.ranks
+
+    def stripped(module, loss_is_argument):
+        node = definitions(ast.parse(Path(module.__file__).read_text()))["validate"]
+        node.body = node.body[1:] if ast.get_docstring(node) else node.body
+        if loss_is_argument:
+            assert node.args.args[-1].arg == "loss_fn"
+            node.args.args.pop()
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "loss_fn":
+                    call.func = ast.Attribute(value=ast.Name(id="model", ctx=ast.Load()),
+                                              attr="loss", ctx=ast.Load())
+        return ast.dump(node)
+
+    assert stripped(wellfno.domain, True) == stripped(wellfno.ranks, False)
 
 
 @pytest.mark.parametrize("step", list(STEPS))
@@ -227,12 +307,90 @@ def test_no_api_newer_than_the_oldest_torch(step):
 def test_the_drift_check_catches_solution_06s_old_regressions():
     """The regressions solution 06 once had (issue 18): a hard-coded profiler sort key instead of
     traces.key_averages_sort_key, and the memory line printed by every rank instead of rank 0."""
-    good = source("09_compile_mfu")
+    good = source("06_exact_metrics")
     bad = good.replace("sort_by = traces.key_averages_sort_key(device)",
                        'sort_by = "self_device_time_total" if device.type == "cuda" else '
                        '"self_cpu_time_total"')
     bad = bad.replace("log(memory.check_step_fits(", "print(memory.check_step_fits(")
     assert bad.count("print(memory.check_step_fits(") == 1 and "self_device_time_total" in bad
-    problems = drift(source("08_mixed_precision"), bad, CHANGES["09_compile_mfu"])
+    problems = drift(source("05_ddp"), bad, CHANGES["06_exact_metrics"])
     assert len(problems) == 2, problems
     assert any("sort_by" in p for p in problems) and any("check_step_fits" in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------- the size of a lesson
+# Issue 20: a step's lesson is its diff against the step before, read side by side on a laptop.
+DIFF_BUDGET = 80  # changed lines between consecutive solutions, as `diff A B | grep -c '^[<>]'`
+LENGTH_LIMIT = 350  # lines of a solution
+# Pairs still over the budget: the most lines they may change (they may shrink, never grow) and why.
+OVER_BUDGET = {
+    "05_ddp": (89, "DDP itself is about 85 lines: main/train split around the process group, the "
+                   "sampler, rank 0 alone logging and writing, samples/s over ranks; none of it "
+                   "can leave before step 05 has taught it"),
+    "06_exact_metrics": (91, "two lessons in one step (metrics exact over ranks; failures that "
+                             "end every rank, with --timeout and --eval-only): splitting step 06 "
+                             "is the fix, not moving code"),
+    "11_domain_parallel": (96, "the data x domain layout threads through sampler, loaders, "
+                               "model, FLOP count, DDP hook, metrics and rollout; its machinery "
+                               "already lives in wellfno.domain and wellfno.slabs"),
+}
+# Solutions still over the length limit: their most lines and why.
+WHY_LONG = ("each later step carries every earlier step's options and training loop; a block "
+            "leaves a solution only where the diff budget of that pair has room for its removal")
+OVER_LENGTH = {"08_mixed_precision": 364, "09_compile_mfu": 409, "10_checkpointing": 364,
+               "11_domain_parallel": 404}
+# The idea each solution's docstring names in its first line (what --help prints).
+IDEAS = {
+    "01_profiling": "torch.profiler", "02_data_pipeline": "input pipeline",
+    "03_affinity": "pinned near the rank's GPU", "05_ddp": "DistributedDataParallel",
+    "06_exact_metrics": "metrics exact", "07_host_syncs": "no host sync",
+    "08_mixed_precision": "mixed precision", "09_compile_mfu": "torch.compile",
+    "10_checkpointing": "activation checkpointing", "11_domain_parallel": "domain parallelism",
+}
+
+
+def changed_lines(before: str, after: str) -> int:
+    """`diff before after | grep -c '^[<>]'`, with GNU diff where there is one."""
+    diff = shutil.which("diff")
+    if diff:
+        out = subprocess.run([diff, str(REPO / STEPS[before]), str(REPO / STEPS[after])],
+                             capture_output=True, text=True).stdout
+        return sum(1 for line in out.splitlines() if line[:1] in "<>")
+    a, b = source(before).splitlines(), source(after).splitlines()
+    return sum(1 for line in difflib.ndiff(a, b) if line[:2] in ("- ", "+ "))
+
+
+@pytest.mark.parametrize("step", [s for s in STEPS if s != "00_baseline"])
+def test_each_step_changes_at_most_the_budget(step):
+    before = list(STEPS)[list(STEPS).index(step) - 1]
+    allowed = OVER_BUDGET.get(step, (DIFF_BUDGET,))[0]
+    changed = changed_lines(before, step)
+    assert changed <= allowed, (
+        f"diff {STEPS[before]} {STEPS[step]} changes {changed} lines, more than {allowed}: move "
+        "what the step does not teach into a package (MOVED, MOVED_BLOCKS) or tighten its lines")
+
+
+@pytest.mark.parametrize("step", [s for s in STEPS if s != "00_baseline"])
+def test_each_solution_within_the_length_limit(step):
+    allowed = OVER_LENGTH.get(step, LENGTH_LIMIT)
+    lines = len(source(step).splitlines())
+    assert lines <= allowed, f"{STEPS[step]} has {lines} lines, more than {allowed} ({WHY_LONG})"
+
+
+def test_the_named_exceptions_are_still_needed():
+    """An exception that the step no longer needs is dropped (the budget then holds it)."""
+    for step, (allowed, _why) in OVER_BUDGET.items():
+        before = list(STEPS)[list(STEPS).index(step) - 1]
+        assert changed_lines(before, step) > DIFF_BUDGET, f"{step} is within the budget now"
+    for step in OVER_LENGTH:
+        assert len(source(step).splitlines()) > LENGTH_LIMIT, f"{step} is within the limit now"
+
+
+@pytest.mark.parametrize("step", [s for s in STEPS if s != "00_baseline"])
+def test_docstring_first_line_names_the_step_and_its_idea(step):
+    first = (ast.get_docstring(ast.parse(source(step))) or "\n").splitlines()[0]
+    before = list(STEPS)[list(STEPS).index(step) - 1]
+    number = step.split("_")[0]
+    previous = "fno.py" if before == "00_baseline" else f"solution {before.split('_')[0]}"
+    assert first.startswith(f"Solution {number}: {previous} "), first
+    assert IDEAS[step] in first, f"{STEPS[step]}'s first line does not name its idea: {first}"

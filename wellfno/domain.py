@@ -46,6 +46,7 @@ from neuralop.layers.embeddings import GridEmbeddingND
 from torch import nn
 
 from wellfno.cli import UserError
+from wellfno import data
 
 
 def slab_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -376,6 +377,25 @@ def group_sum(value: torch.Tensor, slab: Slab) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------- rollouts on split frames
+@torch.no_grad()
+def validate(model, loader, device, loss_fn):
+    """Mean loss over every validation sample once: this rank's sum and count, added over ranks.
+
+    wellfno.ranks.validate with the loss as an argument: with --domain-size, the whole sample's
+    (every rank of a domain group adds the sample: sums and count domain_size times, same ratio).
+    Moved from solution 11 (tests/test_drift.py checks it is ranks.validate but for the loss).
+    """
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples; no .item()
+    for batch in loader:
+        x, y = data.batch_to_model(batch, device, non_blocking=True)
+        total[0] += loss_fn(model(x), y).double() * len(x)
+        total[1] += len(x)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
 def slab_vrmse(
     pred: torch.Tensor, true: torch.Tensor, slab: Slab, eps: float = 1e-7
 ) -> torch.Tensor:

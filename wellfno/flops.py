@@ -271,6 +271,15 @@ def utilization(flops_per_sample: float, samples_per_s: float, peak: Peak, amp: 
                 mfu=achieved / total_peak if total_peak else None)
 
 
+def utilization_line(efficiency: dict) -> str:
+    """Solution 09's line for `utilization`'s entries: achieved GFLOP/s, MFU of the devices' peak."""
+    mfu = efficiency["mfu"]
+    return (f"{efficiency['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s achieved; MFU "
+            f"{'unknown' if mfu is None else f'{100 * mfu:.2f}%'} of {efficiency['devices']} x "
+            f"{efficiency['peak_device']} ({efficiency['peak_precision']} peak"
+            f"{', an estimate' if efficiency['peak_is_estimate'] else ''})")
+
+
 def peak_table(cpu: Peak | None = None, include_cpu: bool = True) -> str:
     """Markdown table: dense TFLOP/s per precision for this CPU (an estimate) and the GPUs of GPU_PEAKS."""
     columns = ("fp32", "fp32_matrix", "tf32", "bf16", "fp16")

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import os
+import resource
+import sys
 
 import torch
 
@@ -121,6 +123,20 @@ def check_step_fits(model, batch_size: int, device: torch.device, available: int
             advice += (f"; or split one sample across {ranks} GPUs (--domain-size {ranks})"
                        if ranks else "; not even one row per rank fits")
     raise UserError(f"{line}: too much; {advice} (WELLFNO_SKIP_MEMORY_CHECK=1 runs anyway)")
+
+
+def peak_memory(device: torch.device) -> dict:
+    """metrics.json's peak memory entries (solution 08 on): the device's, or the process's on a CPU.
+
+    On a GPU, torch's allocator peak (what low precision saves: activations kept for the backward);
+    on a CPU, the process's max RSS (ru_maxrss: KiB on Linux, bytes on macOS).
+    """
+    if device.type == "cuda":
+        return dict(peak_memory_bytes=torch.cuda.max_memory_allocated(device),
+                    peak_memory_of="device")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return dict(peak_memory_bytes=rss * (1 if sys.platform == "darwin" else 1024),
+                peak_memory_of="process (max RSS)")
 
 
 def rollout_steps(model, device: torch.device, wanted: int = 100, available: tuple[int, int] | None = None) -> int:

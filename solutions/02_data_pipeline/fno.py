@@ -1,7 +1,6 @@
 """Solution 02: solution 01 with a faster input pipeline: workers, pinned async copies, fast reader.
 
-    python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --persistent-workers \
-        --fast-reader
+    python solutions/02_data_pipeline/fno.py --num-workers 4 --pin-memory --fast-reader
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
 """
@@ -13,11 +12,11 @@ from pathlib import Path
 import torch
 from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from profiling import summarize, timeline, traces
+from profiling import summarize, timeline, traces, window
 
 from wellfno import data, memory, plots
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
@@ -157,12 +156,10 @@ def main(argv=None):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     # page-locking only speeds up copies to a GPU; torch would warn
@@ -174,8 +171,7 @@ def main(argv=None):
         loader_options.update(prefetch_factor=args.prefetch_factor,
                               persistent_workers=args.persistent_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, shuffle=True,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
@@ -204,21 +200,7 @@ def main(argv=None):
           f"{fields}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
-    prof = trace = None
-    if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-        # the recorded steps are ProfilerStep#first..#last
-        first = args.profile_wait + args.profile_warmup
-        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
-        activities = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = profile(activities=activities, profile_memory=args.profile_memory,
-                       with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace,
-                                                                                        rank),
-                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
-                                         active=args.profile_active, repeat=1))
-        prof.start()
+    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
 
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:

@@ -5,25 +5,24 @@
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
 """
 import argparse
-import os
 import time
 from pathlib import Path
 
 import torch
 from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
-from profiling import summarize, timeline, traces
+from profiling import summarize, timeline, traces, window
 
-from wellfno import data, memory, plots
+from wellfno import data, memory, options, plots
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import DEVICE_CHOICES, pick_device
+from wellfno.device import pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
@@ -31,59 +30,14 @@ from wellfno.rollout import evaluate_rollouts
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default=data.EMBEDDED,
-                   help="embedded dataset or a Well dataset name")
-    p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"),
-                   help="folder that holds datasets/ (default $WELL_DATA or ./data)")
-    p.add_argument("--download", action="store_true", help="fetch a missing Well dataset")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--max-steps", type=int, default=0,
-                   help="stop training after this many steps (0: no limit)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--width", type=int, default=32,
-                   help="FNO channels: memory and compute grow with it")
-    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
-    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/baseline", help="output folder")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--profile", action="store_true",
-                   help="trace the last steps of a --max-steps run (default 12)")
-    p.add_argument("--profile-warmup", type=int, default=2, help="steps traced, then thrown away")
-    p.add_argument("--profile-active", type=int, default=5, help="steps recorded into the trace")
-    p.add_argument("--profile-memory", action="store_true", help="also record tensor allocations")
-    p.add_argument("--with-stack", action="store_true", help="also record Python stacks (slower)")
-    p.add_argument("--num-workers", type=int, default=0,
-                   help="DataLoader worker processes (0: load in this process)")
-    p.add_argument("--prefetch-factor", type=int, default=None,
-                   help="batches each worker loads ahead (torch: 2)")
-    p.add_argument("--persistent-workers", action="store_true",
-                   help="keep the workers from one epoch to the next")
-    p.add_argument("--pin-memory", action="store_true",
-                   help="batches in page-locked memory: faster copies to a GPU")
-    p.add_argument("--fast-reader", action="store_true",
-                   help="wellfno.fastwell: WellDataset's samples, read faster")
+    options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
-                   default="exclusive",
-                   help="pin this rank and its workers to cores near its GPU "
-                        "(affinity/plan.py explains the modes)")
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
     p.add_argument("--report-workers", action="store_true",
                    help="each DataLoader worker prints where it runs")
     args = p.parse_args(argv)
-    if args.num_workers < 0 or (args.prefetch_factor is not None and args.prefetch_factor < 1):
-        raise UserError("--num-workers must be 0 or more and --prefetch-factor at least 1")
-    if args.num_workers == 0 and (args.prefetch_factor is not None or args.persistent_workers):
-        print("note: --prefetch-factor and --persistent-workers act on worker processes: ignored "
-              "with --num-workers 0")
-    # wait out the first steps: they pay one-time costs (allocator, FFT plans, loader start)
-    if args.profile:
-        args.max_steps = args.max_steps or 12
-        args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
-        if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
-            raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active "
-                            "(>= 1)")
+    options.check_arguments(args)  # 02's loader options, 01's --profile window
     for name in ("epochs", "batch_size", "n_steps_input", "width", "modes"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -161,8 +115,7 @@ def main(argv=None):
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
         cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        # cuda:<local rank's GPU>
-        device = rank_device if rank_device.type == device.type else device
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
     dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
@@ -170,12 +123,10 @@ def main(argv=None):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     # page-locking only speeds up copies to a GPU; torch would warn
@@ -189,8 +140,7 @@ def main(argv=None):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, shuffle=True,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
@@ -219,21 +169,7 @@ def main(argv=None):
           f"{fields}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
-    prof = trace = None
-    if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-        # the recorded steps are ProfilerStep#first..#last
-        first = args.profile_wait + args.profile_warmup
-        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
-        activities = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = profile(activities=activities, profile_memory=args.profile_memory,
-                       with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace,
-                                                                                        rank),
-                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
-                                         active=args.profile_active, repeat=1))
-        prof.start()
+    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
 
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:

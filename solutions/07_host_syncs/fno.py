@@ -2,12 +2,11 @@
 
     python solutions/07_host_syncs/fno.py --log-every 50   # read the loss back every 50 steps only
 
-Rank 0 writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
-with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
+With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
 """
 import argparse
 import datetime
-import os
 import time
 from pathlib import Path
 
@@ -15,19 +14,19 @@ import torch
 import torch.distributed as dist
 from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
-from profiling import summarize, timeline, traces
+from profiling import window
 
-from wellfno import data, memory, plots
+from wellfno import data, memory, options, plots
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import DEVICE_CHOICES, check_gpu_not_shared, pick_backend, pick_device
+from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
@@ -38,44 +37,10 @@ from wellfno.watchdog import Watchdog
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default=data.EMBEDDED,
-                   help="embedded dataset or a Well dataset name")
-    p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"),
-                   help="folder that holds datasets/ (default $WELL_DATA or ./data)")
-    p.add_argument("--download", action="store_true", help="fetch a missing Well dataset")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--max-steps", type=int, default=0,
-                   help="stop training after this many steps (0: no limit)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--width", type=int, default=32,
-                   help="FNO channels: memory and compute grow with it")
-    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
-    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/baseline", help="output folder")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--profile", action="store_true",
-                   help="trace the last steps of a --max-steps run (default 12)")
-    p.add_argument("--profile-warmup", type=int, default=2, help="steps traced, then thrown away")
-    p.add_argument("--profile-active", type=int, default=5, help="steps recorded into the trace")
-    p.add_argument("--profile-memory", action="store_true", help="also record tensor allocations")
-    p.add_argument("--with-stack", action="store_true", help="also record Python stacks (slower)")
-    p.add_argument("--num-workers", type=int, default=0,
-                   help="DataLoader worker processes (0: load in this process)")
-    p.add_argument("--prefetch-factor", type=int, default=None,
-                   help="batches each worker loads ahead (torch: 2)")
-    p.add_argument("--persistent-workers", action="store_true",
-                   help="keep the workers from one epoch to the next")
-    p.add_argument("--pin-memory", action="store_true",
-                   help="batches in page-locked memory: faster copies to a GPU")
-    p.add_argument("--fast-reader", action="store_true",
-                   help="wellfno.fastwell: WellDataset's samples, read faster")
+    options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
-                   default="exclusive",
-                   help="pin this rank and its workers to cores near its GPU "
-                        "(affinity/plan.py explains the modes)")
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
     p.add_argument("--report-workers", action="store_true",
                    help="each DataLoader worker prints where it runs")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
@@ -88,18 +53,7 @@ def parse_args(argv=None):
                    help="read the loss back from the device every K steps "
                         "(the only host sync of the loop)")
     args = p.parse_args(argv)
-    if args.num_workers < 0 or (args.prefetch_factor is not None and args.prefetch_factor < 1):
-        raise UserError("--num-workers must be 0 or more and --prefetch-factor at least 1")
-    if args.num_workers == 0 and (args.prefetch_factor is not None or args.persistent_workers):
-        print("note: --prefetch-factor and --persistent-workers act on worker processes: ignored "
-              "with --num-workers 0")
-    # wait out the first steps: they pay one-time costs (allocator, FFT plans, loader start)
-    if args.profile:
-        args.max_steps = args.max_steps or 12
-        args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
-        if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
-            raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active "
-                            "(>= 1)")
+    options.check_arguments(args)  # 02's loader options, 01's --profile window
     for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -124,8 +78,7 @@ def synchronize(device):
 
 
 def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, untimed_steps=0,
-                    prof=None,
-                    show=True, log_every=1):
+                    prof=None, show=True, log_every=1):
     """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history.
 
     The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds). The
@@ -180,9 +133,8 @@ def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
-    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                   device.type == "cuda", env.step_gpus, env.launcher)
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
+                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
     if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
@@ -208,8 +160,7 @@ def train(args, env, backend, device):
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
         cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        # cuda:<local rank's GPU>
-        device = rank_device if rank_device.type == device.type else device
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
@@ -225,12 +176,10 @@ def train(args, env, backend, device):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
@@ -249,16 +198,14 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
-    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank; drop_last
-    # leaves out the len % world_size that do not divide (named below) instead of repeating some.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
+    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
+    # with none: drop_last leaves out the len % world_size that do not divide (named below).
     train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
                                        seed=args.seed, drop_last=True)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
-    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
-    # pitfall).
+    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
@@ -292,21 +239,7 @@ def train(args, env, backend, device):
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
-    prof = trace = None
-    if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-        # the recorded steps are ProfilerStep#first..#last
-        first = args.profile_wait + args.profile_warmup
-        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
-        activities = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = profile(activities=activities, profile_memory=args.profile_memory,
-                       with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace,
-                                                                                        rank),
-                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
-                                         active=args.profile_active, repeat=1))
-        prof.start()
+    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
 
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
@@ -330,23 +263,11 @@ def train(args, env, backend, device):
             f"{row['valid_loss']:.4f}  {row['samples'] / row['seconds']:.0f} samples/s "
             f"({env.world_size} rank(s))")
         if env.rank == 0:  # one writer; the others hold the same model
-            atomic_torch_save(checkpoint, dict(model=model.state_dict(),
-                                               optimizer=optimizer.state_dict(),
-                                               epoch=epoch, step=step, history=history,
+            atomic_torch_save(checkpoint, dict(model=model.state_dict(), epoch=epoch, step=step,
+                                               optimizer=optimizer.state_dict(), history=history,
                                                world_size=env.world_size))
     if prof:
-        prof.stop()
-        if not trace.exists():
-            raise UserError(f"the run ended after {step} steps, before the profiled window: raise "
-                            "--epochs")
-        if env.rank > 0:
-            return  # every rank wrote its trace; rank 0 alone reads its own
-        sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
-        print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-        loaded = summarize.print_summary(trace)
-        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and "
-              f"{timeline.draw(trace, trace=loaded)}")
-        return
+        return window.finish(prof, trace, step, env, device)  # step 05's end of it
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
     valid_loss = (validate(model, valid_loader, device) if args.eval_only
@@ -364,10 +285,9 @@ def train(args, env, backend, device):
                          std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     if args.eval_only:
-        atomic_write_json(out / "eval.json", dict(
-            valid_loss=valid_loss, rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse,
-            world_size=env.world_size, epoch=history[-1]["epoch"], device=str(device),
-            dataset=str(dataset_dir)))
+        atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,
+            persistence_vrmse=persistence_vrmse, world_size=env.world_size, device=str(device),
+            epoch=history[-1]["epoch"], dataset=str(dataset_dir)))
         print(f"valid_loss {valid_loss:.6f}; wrote {out / 'eval.json'}, {out / 'rollout.png'}")
         return
     samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))

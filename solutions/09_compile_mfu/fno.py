@@ -3,16 +3,13 @@
     python solutions/09_compile_mfu/fno.py --amp bf16 --compile --width 64 --batch-size 64
     nsys profile --trace=cuda,nvtx,osrt -o runs/nsys python solutions/09_compile_mfu/fno.py --nvtx
 
-Rank 0 writes OUT/metrics.json (with the peak memory, FLOPs per sample, FLOP/s and MFU),
-OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it,
-with any number of ranks); --eval-only writes OUT/eval.json and OUT/rollout.png.
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
+With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
+OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
 """
 import argparse
 import contextlib
 import datetime
-import os
-import resource
-import sys
 import time
 from pathlib import Path
 
@@ -20,20 +17,20 @@ import torch
 import torch.distributed as dist
 from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
-from profiling import summarize, timeline, traces
+from profiling import window
 
-from wellfno import data, flops, memory, plots
-from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
+from wellfno import data, flops, memory, options, plots
+from wellfno.amp import check_amp
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import DEVICE_CHOICES, check_gpu_not_shared, pick_backend, pick_device
+from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
@@ -45,44 +42,10 @@ from wellfno.watchdog import Watchdog
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default=data.EMBEDDED,
-                   help="embedded dataset or a Well dataset name")
-    p.add_argument("--data-dir", default=os.environ.get("WELL_DATA", "data"),
-                   help="folder that holds datasets/ (default $WELL_DATA or ./data)")
-    p.add_argument("--download", action="store_true", help="fetch a missing Well dataset")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--max-steps", type=int, default=0,
-                   help="stop training after this many steps (0: no limit)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--n-steps-input", type=int, default=1, help="frames the model sees")
-    p.add_argument("--width", type=int, default=32,
-                   help="FNO channels: memory and compute grow with it")
-    p.add_argument("--modes", type=int, default=12, help="Fourier modes kept per spatial axis")
-    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/baseline", help="output folder")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--profile", action="store_true",
-                   help="trace the last steps of a --max-steps run (default 12)")
-    p.add_argument("--profile-warmup", type=int, default=2, help="steps traced, then thrown away")
-    p.add_argument("--profile-active", type=int, default=5, help="steps recorded into the trace")
-    p.add_argument("--profile-memory", action="store_true", help="also record tensor allocations")
-    p.add_argument("--with-stack", action="store_true", help="also record Python stacks (slower)")
-    p.add_argument("--num-workers", type=int, default=0,
-                   help="DataLoader worker processes (0: load in this process)")
-    p.add_argument("--prefetch-factor", type=int, default=None,
-                   help="batches each worker loads ahead (torch: 2)")
-    p.add_argument("--persistent-workers", action="store_true",
-                   help="keep the workers from one epoch to the next")
-    p.add_argument("--pin-memory", action="store_true",
-                   help="batches in page-locked memory: faster copies to a GPU")
-    p.add_argument("--fast-reader", action="store_true",
-                   help="wellfno.fastwell: WellDataset's samples, read faster")
+    options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
     p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
-                   default="exclusive",
-                   help="pin this rank and its workers to cores near its GPU "
-                        "(affinity/plan.py explains the modes)")
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
     p.add_argument("--report-workers", action="store_true",
                    help="each DataLoader worker prints where it runs")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
@@ -101,26 +64,13 @@ def parse_args(argv=None):
                    help="torch.compile the model (compile time reported apart)")
     p.add_argument("--layers", type=int, default=4,
                    help="FNO blocks (with --width and --modes: the model's size)")
-    p.add_argument("--nvtx", action="store_true",
-                   help="the record_function ranges as NVTX (NVIDIA) / ROCTx (AMD) ranges for "
-                        "nsys / rocprofv3")
+    p.add_argument("--nvtx", action="store_true", help="the record_function ranges as NVTX "
+                   "(NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     args = p.parse_args(argv)
-    if args.num_workers < 0 or (args.prefetch_factor is not None and args.prefetch_factor < 1):
-        raise UserError("--num-workers must be 0 or more and --prefetch-factor at least 1")
-    if args.num_workers == 0 and (args.prefetch_factor is not None or args.persistent_workers):
-        print("note: --prefetch-factor and --persistent-workers act on worker processes: ignored "
-              "with --num-workers 0")
-    # wait out the first steps: they pay one-time costs (allocator, FFT plans, loader start)
-    if args.profile:
-        args.max_steps = args.max_steps or 12
-        args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
-        if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
-            raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active "
-                            "(>= 1)")
+    options.check_arguments(args)  # 02's loader options, 01's --profile window
     if args.nvtx and args.profile:
         raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3, --profile to "
-                        "torch.profiler: "
-                        "use one at a time")
+                        "torch.profiler: use one at a time")
     for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every", "layers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -144,13 +94,51 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def spectral_convs_in_float32(fno):
+    """Feed every SpectralConv float32, so its FFTs and complex weights stay float32 under autocast.
+
+    Autocast puts the 1x1 convolutions (most of the FLOPs) in bf16/fp16, and their output goes into
+    the FFT. CPU autocast casts FFTs to float32 itself; CUDA and ROCm autocast do not, and there
+    torch.fft refuses bfloat16 (pytorch/pytorch#117844) and does float16 only for powers of 2.
+    """
+    def to_float32(module, args):
+        return (args[0].float(), *args[1:])
+    for conv in fno.fno_blocks.convs:
+        conv.register_forward_pre_hook(to_float32)
+
+
+class ComplexGradsAsReal:
+    """The optimizer as GradScaler sees it: complex gradients shown as real (..., 2) views.
+
+    GradScaler cannot unscale complex gradients (pytorch/pytorch#58228), and the spectral weights
+    are complex. Unscaling a real view unscales the complex gradient in place; step() is the
+    optimizer's own.
+    """
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        def real(p):  # GradScaler reads p.grad of each parameter: give it a real view of both
+            if p.grad is None or not p.grad.is_complex():
+                return p
+            view = torch.view_as_real(p.detach())
+            view.grad = torch.view_as_real(p.grad)
+            return view
+        return [{**group, "params": [real(p) for p in group["params"]]}
+                for group in self.optimizer.param_groups]
+
+    def step(self, *args, **kwargs):
+        return self.optimizer.step(*args, **kwargs)
+
+
 def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, max_steps=None,
                     untimed_steps=0, prof=None, show=True, log_every=1):
     """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history.
 
-    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds); with
-    --compile the first of them compiles (untimed_seconds). The loss stays on the device and is
-    read back every `log_every` steps (loss_log: [step, mean so far]).
+    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds). The
+    loss stays on the device and is read back every `log_every` steps (loss_log: [step, mean
+    so far]). With --compile the first untimed step compiles (untimed_seconds).
     """
     model.train()
     fno = getattr(model, "_orig_mod", model)  # torch.compile wraps DDP, DDP wraps the FNO
@@ -174,13 +162,12 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
         with record_function("optimizer"):
-            # = optimizer.step(); fp16: unscale, skip inf/nan
-            scaler.step(ComplexGradsAsReal(optimizer))
+            scaler.step(ComplexGradsAsReal(optimizer))  # optimizer.step(); fp16: unscale, skip inf
             scaler.update()
         loss_sum += loss.detach() * len(x)  # queued on the device: no wait
         samples, steps = samples + len(x), steps + 1
         if steps <= untimed_steps:
-            synchronize(device)  # the untimed steps end here on the device too (a compile included)
+            synchronize(device)  # the untimed steps end here on the device too
             timed_from = time.perf_counter()
         else:
             timed_samples += len(x)
@@ -197,17 +184,15 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
     return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps,
                 seconds=end - start,
                 timed_samples=timed_samples, timed_seconds=end - timed_from,
-                untimed_seconds=timed_from - start,
-                loss_log=loss_log)
+                untimed_seconds=timed_from - start, loss_log=loss_log)
 
 
 def main(argv=None):
     args = parse_args(argv)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
-    # nccl on the local rank's GPU (RCCL on AMD), or gloo on the CPU
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,
-                                   device.type == "cuda", env.step_gpus, env.launcher)
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
+                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
     if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
         raise UserError(f"--backend {backend} and --device {args.device} do not go together")
     if not env.is_distributed:
@@ -239,8 +224,7 @@ def train(args, env, backend, device):
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
         cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        # cuda:<local rank's GPU>
-        device = rank_device if rank_device.type == device.type else device
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
     print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
@@ -256,24 +240,19 @@ def train(args, env, backend, device):
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
     reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split,
-                            n_steps_input=args.n_steps_input,
-                            n_steps_output=1, use_normalization=True,
-                            normalization_type=ZScoreNormalization,
-                            return_grid=False, boundary_return_type=None)
-              for split in ("train", "valid")}
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
                             f"samples, fewer than the {env.world_size} ranks: start at most "
                             f"{len(splits[split])}")
-    # the spatial sizes of a frame (no sample read)
-    grid = tuple(splits["train"].metadata.spatial_resolution)
-    # neuralop keeps modes/2 frequencies each side of 0; a grid has up to N/2
-    if args.modes > min(grid):
+    grid = tuple(splits["train"].metadata.spatial_resolution)  # a frame's sizes (no sample read)
+    if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
         raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid "
-                        "holds: use "
-                        f"--modes {min(grid)} or fewer")
+                        f"holds: use --modes {min(grid)} or fewer")
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     # page-locking only speeds up copies to a GPU; torch would warn
@@ -287,20 +266,16 @@ def train(args, env, backend, device):
         if cpus:  # each worker on its own slice of the rank's cores, not all on one
             loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
-    # worker i with base_seed + i, base_seed drawn from it): the same batches with any
-    # --num-workers.
-    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank; drop_last
-    # leaves out the len % world_size that do not divide (named below) instead of repeating some.
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
+    # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
+    # with none: drop_last leaves out the len % world_size that do not divide (named below).
     train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
                                        seed=args.seed, drop_last=True)
-    # A compiled model compiles again for every new batch shape: with --compile, no short last
-    # batch.
+    # A compiled model compiles again for every new batch shape: with --compile, no short batch.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
-                              drop_last=args.compile,
-                              generator=torch.Generator().manual_seed(args.seed),
-                              **loader_options)
-    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04's
-    # pitfall).
+                              drop_last=args.compile, **loader_options,
+                              generator=torch.Generator().manual_seed(args.seed))
+    # Validation: every sample exactly once, on one rank or another (no padding: exercise 04)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
                               sampler=range(env.rank, len(splits["valid"]), env.world_size),
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
@@ -308,19 +283,16 @@ def train(args, env, backend, device):
     # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
     # inputs.
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
-                                     modes=args.modes,
-                                     layers=args.layers)
+                                     modes=args.modes, layers=args.layers)
     log(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    # fp16's small range needs it
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
     amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
-    autocast = (lambda: torch.autocast(device.type,
-                                       dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
-    # FLOPs of one training step on this input size: forward + backward, counted once (shapes only
-    # matter); the example holds the frames and the constant fields.
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
+        contextlib.nullcontext
+    # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
     if device.type == "cuda":  # the count ran a float32 step: the peak memory is training's alone
@@ -341,32 +313,17 @@ def train(args, env, backend, device):
             f"now {env.world_size})")
     # DDP copies rank 0's weights to all ranks; backward all-reduces (averages) the gradients.
     ddp_model = DistributedDataParallel(model) if env.is_distributed else model  # on model's device
-    # compiles at its first call
-    train_model = torch.compile(ddp_model) if args.compile else ddp_model
+    train_model = torch.compile(ddp_model) if args.compile else ddp_model  # compiles at first call
     global_batch = args.batch_size * env.world_size
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, "
         f"{device.type}): {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"{counted['per_sample'] / 1e6:.1f} MFLOP "
-        f"per sample (forward + backward), amp {args.amp}{', compiled' if args.compile else ''}")
+        f"{counted['per_sample'] / 1e6:.1f} MFLOP per sample (forward + backward), "
+        f"amp {args.amp}{', compiled' if args.compile else ''}")
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
-    prof = trace = None
-    if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-        # the recorded steps are ProfilerStep#first..#last
-        first = args.profile_wait + args.profile_warmup
-        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
-        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
-        activities = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = profile(activities=activities, profile_memory=args.profile_memory,
-                       with_stack=args.with_stack, on_trace_ready=lambda p: traces.save(p, trace,
-                                                                                        rank),
-                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
-                                         active=args.profile_active, repeat=1))
-        prof.start()
+    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
     # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch: ROCTx.
     nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
     nvtx.__enter__()
@@ -394,25 +351,13 @@ def train(args, env, backend, device):
             + (f"; first step (compiling) {row['untimed_seconds']:.1f} s"
                if args.compile and epoch == 1 else ""))
         if env.rank == 0:  # one writer; the others hold the same model
-            atomic_torch_save(checkpoint, dict(model=model.state_dict(),
-                                               optimizer=optimizer.state_dict(),
-                                               epoch=epoch, step=step, history=history,
+            atomic_torch_save(checkpoint, dict(model=model.state_dict(), epoch=epoch, step=step,
+                                               optimizer=optimizer.state_dict(), history=history,
                                                world_size=env.world_size,
                                                scaler=scaler.state_dict()))
     nvtx.__exit__(None, None, None)
     if prof:
-        prof.stop()
-        if not trace.exists():
-            raise UserError(f"the run ended after {step} steps, before the profiled window: raise "
-                            "--epochs")
-        if env.rank > 0:
-            return  # every rank wrote its trace; rank 0 alone reads its own
-        sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
-        print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
-        loaded = summarize.print_summary(trace)
-        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and "
-              f"{timeline.draw(trace, trace=loaded)}")
-        return
+        return window.finish(prof, trace, step, env, device)  # step 05's end of it
     if not history:
         raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
     valid_loss = (validate(model, valid_loader, device) if args.eval_only
@@ -430,10 +375,9 @@ def train(args, env, backend, device):
                          std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
     if args.eval_only:
-        atomic_write_json(out / "eval.json", dict(
-            valid_loss=valid_loss, rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse,
-            world_size=env.world_size, epoch=history[-1]["epoch"], device=str(device),
-            dataset=str(dataset_dir)))
+        atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,
+            persistence_vrmse=persistence_vrmse, world_size=env.world_size, device=str(device),
+            epoch=history[-1]["epoch"], dataset=str(dataset_dir)))
         print(f"valid_loss {valid_loss:.6f}; wrote {out / 'eval.json'}, {out / 'rollout.png'}")
         return
     samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
@@ -445,25 +389,14 @@ def train(args, env, backend, device):
     if args.compile and excludes != "nothing":
         excludes += ", with --compile the compiling step"
     efficiency = flops.utilization(counted["per_sample"], samples / seconds,
-                                   flops.device_peak(device), args.amp,
-                                   devices=env.world_size)
-    mfu = efficiency["mfu"]
-    print(f"{efficiency['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s achieved; MFU "
-          f"{'unknown' if mfu is None else f'{100 * mfu:.2f}%'} of {env.world_size} x "
-          f"{efficiency['peak_device']} ({efficiency['peak_precision']} peak"
-          f"{', an estimate' if efficiency['peak_is_estimate'] else ''})")
-    if device.type == "cuda":  # what low precision saves: activations kept for the backward
-        peak_memory = dict(peak_memory_bytes=torch.cuda.max_memory_allocated(device),
-                           peak_memory_of="device")
-    else:  # ru_maxrss: KiB on Linux, bytes on macOS
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_memory = dict(peak_memory_bytes=rss * (1 if sys.platform == "darwin" else 1024),
-                           peak_memory_of="process (max RSS)")
+                                   flops.device_peak(device), args.amp, devices=env.world_size)
+    print(flops.utilization_line(efficiency))  # GFLOP/s achieved; MFU of world_size x the peak
+    peak_memory = memory.peak_memory(device)  # what low precision saves: activations kept
     atomic_write_json(out / "metrics.json", dict(
         samples_per_second=samples / seconds, samples_per_second_excludes=excludes, **peak_memory,
         **efficiency, flops_by_kind=counted["by_kind"],
-        compile_seconds=(history[0]["untimed_seconds"] if args.compile and first_epoch == 1
-                         else None),
+        compile_seconds=history[0]["untimed_seconds"] if args.compile and first_epoch == 1
+        else None,
         samples_per_second_per_rank=history[-1].get("samples_per_second_per_rank"),  # last epoch's
         world_size=env.world_size, global_batch_size=global_batch,
         train_loss=history[-1]["train_loss"], valid_loss=valid_loss,

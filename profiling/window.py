@@ -1,0 +1,48 @@
+"""Exercise 01's profiled window, moved out of the solutions once the steps that teach it are done.
+
+`start` is solution 01's set-up of torch.profiler (a bounded schedule: wait, warm up, record);
+`finish` is the end of a --profile run as solution 05 left it (every rank wrote its trace, rank 0
+reads its own). tests/test_drift.py checks that both are the taught code, statement for statement.
+"""
+import os
+
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from profiling import summarize, timeline, traces
+from wellfno.cli import UserError
+
+
+def start(args, device, out):
+    """The started profiler of a --profile run and the trace it will write (None, None without)."""
+    prof = trace = None
+    if args.profile:
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+        # the recorded steps are ProfilerStep#first..#last
+        first = args.profile_wait + args.profile_warmup
+        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
+        # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
+        activities = [ProfilerActivity.CPU] + (
+            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        prof = profile(activities=activities, profile_memory=args.profile_memory,
+                       with_stack=args.with_stack,
+                       on_trace_ready=lambda p: traces.save(p, trace, rank),
+                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
+                                         active=args.profile_active, repeat=1))
+        prof.start()
+    return prof, trace
+
+
+def finish(prof, trace, step, env, device):
+    """Stop the profiler after `step` steps; rank 0 prints its table and summary, draws steps."""
+    prof.stop()
+    if not trace.exists():
+        raise UserError(f"the run ended after {step} steps, before the profiled window: raise "
+                        "--epochs")
+    if env.rank > 0:
+        return  # every rank wrote its trace; rank 0 alone reads its own
+    sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
+    print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
+    loaded = summarize.print_summary(trace)
+    print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and "
+          f"{timeline.draw(trace, trace=loaded)}")
+    return
