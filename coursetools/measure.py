@@ -42,7 +42,7 @@ class Target:
 # rounds each (the first step's start-up is always left out by the tools themselves).
 TARGETS = (
     Target("runtimes", "results/runtimes.json",
-           ("{py} -m coursetools.results runtimes --repeats 2",),
+           ("{py} -m coursetools.results runtimes --repeats 1",),
            "README quick start, INSTRUCTORS.md runtimes, exercise 01's profile"),
     Target("throughput", "results/throughput.json",
            ("{py} profiling/throughput.py --data-dir {data} --out {runs}/throughput --seconds 2 "
