@@ -273,3 +273,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+# The suite's time by kind, printed at the end of `make test`: the README quotes the Slurm tests'
+# share (issue 19 holds them to 5 minutes) and the rest's. A batched Slurm module's jobs run while
+# its own tests wait, so the sum over its tests' phases is its wall time.
+_SECONDS_BY_KIND: dict[str, list] = {}
+
+
+def pytest_runtest_logreport(report):
+    kind = "slurm" if "slurm" in report.keywords else "other"
+    seconds, tests = _SECONDS_BY_KIND.setdefault(kind, [0.0, set()])
+    _SECONDS_BY_KIND[kind][0] = seconds + report.duration
+    tests.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SECONDS_BY_KIND:
+        terminalreporter.write_line("time by kind: " + "; ".join(
+            f"{kind} tests: {len(tests)} in {seconds / 60:.1f} min"
+            for kind, (seconds, tests) in sorted(_SECONDS_BY_KIND.items())))

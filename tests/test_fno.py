@@ -240,3 +240,25 @@ def test_an_output_folder_that_cannot_be_written_is_refused(tmp_path):
     finally:
         locked.chmod(0o700)
     assert check_output_dir(tmp_path / "new" / "run") == tmp_path / "new" / "run"  # not there yet: fine
+
+
+def test_a_checkpoint_cut_anywhere_is_reported_damaged(tmp_path):
+    """Every cut point of a small model's checkpoint is a UserError saying it is damaged, never
+    another exception (some cut points make torch.load's zip reader raise OSError, Errno 22)."""
+    import torch
+
+    from wellfno.cli import UserError, atomic_torch_save, load_checkpoint
+    from wellfno.model import NextFrameFNO
+
+    ones = torch.ones(2)
+    model = NextFrameFNO(2, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones),
+                         modes=4, width=8, layers=2)
+    whole = tmp_path / "checkpoint.pt"
+    atomic_torch_save(whole, {"model": model.state_dict(), "epoch": 1})
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.pt"
+    for fraction in (0.1, 0.25, 0.5, 0.75, 0.9, 0.99):
+        cut.write_bytes(data[: int(len(data) * fraction)])
+        with pytest.raises(UserError, match="is damaged"):
+            load_checkpoint(cut)
+    assert load_checkpoint(whole)["epoch"] == 1

@@ -109,7 +109,11 @@ def load_checkpoint(path: str | os.PathLike, map_location=None) -> dict:
 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as err:
+    except (FileNotFoundError, PermissionError):
+        raise
+    # A cut-off zip archive fails in torch.load's reader with any of these; OSError (Errno 22,
+    # Invalid argument) for some cut points of a small checkpoint.
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as err:
         reason = (str(err).splitlines() or [err.__class__.__name__])[0][:120]
         raise UserError(f"{path} is damaged ({reason}): delete it to start afresh "
                         f"(or move it away), or use another --out") from None
