@@ -187,19 +187,29 @@ def finished_run(tmp_path_factory):
 
     runs, modules = {}, {}
 
-    def run(script: Path, data_dir: Path, *options):
+    def run(script: Path, data_dir: Path, *options, fix: str = ""):
+        """`fix`: what to do and its task (tests/checks.py), said when the run stops."""
         key = (str(script), str(data_dir), *map(str, options))
         if key not in runs:
             if str(script) not in modules:
                 modules[str(script)] = import_script(script)
             out = tmp_path_factory.mktemp("run")
-            stdout = io.StringIO()
+            stdout, stderr = io.StringIO(), io.StringIO()
+            shown = f"{Path(script).name} {' '.join(map(str, options))}"
             try:
-                with contextlib.redirect_stdout(stdout):
+                with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
                     call_main(modules[str(script)], "--data-dir", data_dir, "--out", out, *options)
             except UserError as err:
-                pytest.fail(f"{Path(script).name} {' '.join(map(str, options))} stopped: "
-                            f"error: {err}", pytrace=False)
+                pytest.fail(f"{shown} stopped: error: {err}" + (f"; {fix}" if fix else ""),
+                            pytrace=False)
+            except SystemExit as err:  # argparse: an option the script does not know
+                if err.code in (0, None):
+                    runs[key] = out, stdout.getvalue()
+                    return runs[key]
+                said = [line for line in stderr.getvalue().splitlines() if line.strip()]
+                pytest.fail(f"{shown} exited with {err.code}" + (f": {said[-1][:200]}" if said
+                                                                   else "")
+                            + (f"; {fix}" if fix else ""), pytrace=False)
             runs[key] = out, stdout.getvalue()
         return runs[key]
 

@@ -90,7 +90,8 @@ def test_blocks_run_again_in_the_backward_and_keep_less():
 
 def train(finished_run, script, data_dir, *extra):
     """(stdout, metrics.json, output folder) of one in-process run (conftest.py's finished_run)."""
-    out, stdout = finished_run(script, data_dir, *RUN, *extra)
+    out, stdout = finished_run(script, data_dir, *RUN, *extra,
+                               fix=f"add --checkpoint-blocks {task('10', 1)}")
     return stdout, json.loads((out / "metrics.json").read_text()), out
 
 
