@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from profiling import syncs
 from tests.checks import require, require_refused, task
 from tests.conftest import REPO, call_main, exit_of, run_script
 from tests.train_helpers import RUN, per_step_losses, run_once, train
