@@ -118,7 +118,7 @@ def test_slurm_every_gpu_job_runs_its_own_gpu_selection(gpu_jobs):
     recs = records(Path(env["WELLFNO_GPU_SEAM"]))
     assert {j.name for j in jobs} == {"00_baseline", "01_profiling", "02_throughput", "05_ddp",
                                       "03_affinity_report", "03_affinity_train", "06_exact_metrics",
-                                      "07_host_syncs", "08_mixed_precision", "09_compile_mfu"}
+                                      "08_host_syncs", "09_mixed_precision", "11_compile"}
     for job in jobs:
         log = job.out.read_text(errors="replace")
         bad = [line for line in error_lines(log) if any(e in line for e in SELECTION_ERRORS)]
