@@ -60,6 +60,7 @@ STEPS = {
     "03_affinity": "solutions/03_affinity/fno.py",
     "05_ddp": "solutions/05_ddp/fno.py",
     "06_exact_metrics": "solutions/06_exact_metrics/fno.py",
+    "07_failures": "solutions/07_failures/fno.py",
     "08_host_syncs": "solutions/08_host_syncs/fno.py",
     "09_mixed_precision": "solutions/09_mixed_precision/fno.py",
     "11_compile": "solutions/11_compile/fno.py",

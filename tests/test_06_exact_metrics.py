@@ -1,4 +1,4 @@
-"""Exercise 06: metrics exact for any number of ranks, and failures that end every rank.
+"""Exercise 06: metrics exact for any number of ranks.
 
 Check your own script:  .venv/bin/python -m pytest -q tests/test_06_exact_metrics.py --script YOUR_SCRIPT
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 from collections import Counter
 
 import pytest
@@ -147,32 +146,6 @@ def test_resume_with_another_world_size(script, script_module, tiny_data_dir, tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["raise", "die"])
-def test_a_failing_rank_ends_every_rank_within_seconds(script, tiny_data_dir, tmp_path, how):
-    """Rank 1 fails at its 2nd training sample; with --timeout 600 rank 0 must still end within seconds."""
-    out = tmp_path / "run"
-    started = time.monotonic()
-    results = launch(script, 2, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "3",
-                     "--batch-size", "1",
-                     "--timeout", "600", *SMALL, env=probe_env(fail=f"1:2:{how}"), timeout=240)
-    elapsed = time.monotonic() - started
-    require(elapsed < 120, f"rank 1 failed ({how}) and the job took {elapsed:.0f} s (allowed: "
-            f"120): wrap train in the Watchdog {task('06', 5)}")
-    codes = [rc for rc, _, _ in results]
-    require(all(rc != 0 for rc in codes), f"rank 1 failed ({how}) and the ranks exited with "
-            f"{codes} (allowed: non-zero on every rank) {task('06', 5)}")
-    require(not (out / "checkpoint.pt").exists() and not (out / "metrics.json").exists(),
-            f"a failed job left checkpoint.pt or metrics.json: nothing half-written {task('06', 5)}")
-    lines = error_lines(results[0][2])
-    require(len(lines) == 1, f"rank 0 printed {len(lines)} error lines (allowed: 1, naming rank 1) "
-            f"{task('06', 5)}")
-    if how == "raise":
-        require("rank 1" in lines[0] and "injected failure" in lines[0],
-                f"rank 0's error line does not name rank 1 and its error: {lines[0][:200]} "
-                f"{task('06', 5)}")
-
-
-@pytest.mark.slow
 def test_eval_only_without_checkpoint_is_one_line(script_module, tiny_data_dir, tmp_path):
     result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "o",
                      "--eval-only", *SMALL)
@@ -194,13 +167,13 @@ def test_split_smaller_than_world_is_one_line(script, tiny_data_dir, tmp_path):
     for rank, (rc, _, err) in enumerate(results):
         require(rc != 0 and "Traceback" not in err, f"3 ranks for 2 validation samples: rank "
                 f"{rank} exited with {rc}{', a traceback' if 'Traceback' in err else ''} (allowed: "
-                f"non-zero, no traceback) {task('06', 5)}")
+                f"non-zero, no traceback) {task('06', 1)}")
     lines = error_lines(results[0][2])
     require(len(lines) == 1 and "valid split" in lines[0] and "fewer than the 3 ranks" in lines[0],
             f"3 ranks for 2 validation samples: rank 0 printed {len(lines)} error lines (allowed: 1, "
-            f"'... valid split ... fewer than the 3 ranks ...') {task('06', 5)}")
+            f"'... valid split ... fewer than the 3 ranks ...') {task('06', 1)}")
     require(not (tmp_path / "o").exists(), f"3 ranks for 2 samples left an output folder "
-            f"{task('06', 5)}")
+            f"{task('06', 1)}")
 
 
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts

@@ -29,16 +29,16 @@ def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, fin
                                                                                         [1])))
     require(logged == (3, 0), f"3 steps logged {logged[0]} loss(es) with --log-every 1 and "
             f"{logged[1]} with --log-every 1000 (allowed: 3 and 0): append to loss_log every "
-            f"log_every steps {task('07', 1)}")
+            f"log_every steps {task('08', 1)}")
     require(often["train_loss"] == never["train_loss"] and often["valid_loss"] == never["valid_loss"],
             f"the losses depend on --log-every (train_loss {often['train_loss']} with 1, "
             f"{never['train_loss']} with 1000): reading numbers back must not change them "
-            f"{task('07', 3)}")
+            f"{task('08', 3)}")
     a = torch.load(often_out / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(never_out / "checkpoint.pt", weights_only=True)["model"]
     differ = sum(not torch.equal(a[k], b[k]) for k in a)
     require(differ == 0, f"{differ} of {len(a)} parameter tensors depend on --log-every (allowed: "
-            f"none, bitwise) {task('07', 3)}")
+            f"none, bitwise) {task('08', 3)}")
 
 
 def syncs_per_profiled_step(finished_run, script, data_dir, *extra):
@@ -66,12 +66,12 @@ def test_no_host_sync_inside_the_step(script, tiny_data_dir, finished_run):
     every_step = syncs_per_profiled_step(finished_run, script, tiny_data_dir, "--bind", "none",
                                          "--log-every", "1")
     require(every_step == [1] * 5, f"--log-every 1: host syncs per step {every_step} (allowed: "
-            f"one each, the loss read-back, and no more) {task('07', 1)}")
+            f"one each, the loss read-back, and no more) {task('08', 1)}")
     never = syncs_per_profiled_step(finished_run, script, tiny_data_dir, "--bind", "none",
                                     "--log-every", "1000")
     require(never == [0] * 5, f"--log-every 1000: host syncs per step {never} (allowed: 0): "
             "something in the step still waits for the device (.item(), float(), a copy to the "
-            f"CPU) {task('07', 1)}")
+            f"CPU) {task('08', 1)}")
 
 
 def test_log_every_zero_is_a_one_line_error(script_module, tiny_data_dir, tmp_path):
@@ -81,9 +81,9 @@ def test_log_every_zero_is_a_one_line_error(script_module, tiny_data_dir, tmp_pa
     require(result.returncode != 0 and "Traceback" not in result.stderr and len(lines) == 1
             and "--log-every" in result.stderr,
             f"--log-every 0 exited with {result.returncode} and {len(lines)} lines on stderr "
-            f"(allowed: non-zero, one `error:` line naming --log-every) {task('07', 1)}")
+            f"(allowed: non-zero, one `error:` line naming --log-every) {task('08', 1)}")
     require(not (tmp_path / "out").exists(), f"--log-every 0 left an output folder: refuse it "
-            f"before writing {task('07', 1)}")
+            f"before writing {task('08', 1)}")
 
 
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts

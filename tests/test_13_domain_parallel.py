@@ -263,10 +263,10 @@ def test_a_killed_domain_rank_ends_every_rank_within_seconds(script, tiny_data_d
             p.communicate()
     require(procs[0].returncode != 0 and elapsed < 60, f"rank 1 of a domain group was killed; "
             f"rank 0 exited with {procs[0].returncode} after {elapsed:.0f} s (allowed: non-zero, "
-            f"60 s): keep train inside the Watchdog {task('06', 5)}")
+            f"60 s): keep train inside the Watchdog {task('07', 2)}")
     lines = error_lines(stderr0)
     require(len(lines) == 1 and "rank 1" in lines[0], f"rank 0 printed {len(lines)} error lines "
-            f"(allowed: 1, naming rank 1) {task('06', 5)}")
+            f"(allowed: 1, naming rank 1) {task('07', 2)}")
 
 
 @pytest.mark.slow

@@ -34,8 +34,6 @@ CHANGES = {
     },
     "06_exact_metrics": {
         "parse_args": EVERYWHERE, "validate": EVERYWHERE,
-        "main": ["try:", "dist.init_process_group(", "with Watchdog(",
-                 "raise UserError(f\"rank {env.rank} cannot join"],
         "train": ['checkpoint = out / "checkpoint.pt"', "if args.eval_only",
                   'for split in ("train", "valid")',
                   "train_sampler = DistributedSampler(", "valid_loader = DataLoader(",
@@ -44,6 +42,11 @@ CHANGES = {
                   'row["valid_loss"], row["samples_left_out"]', 'log(f"epoch {epoch}',
                   "atomic_torch_save(",
                   "valid_loss = (validate(", 'atomic_write_json(out / "metrics.json"'],
+    },
+    "07_failures": {
+        "parse_args": EVERYWHERE,
+        "main": ["try:", "dist.init_process_group(", "with Watchdog(",
+                 "raise UserError(f\"rank {env.rank} cannot join"],
     },
     "08_host_syncs": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+synchronize": EVERYWHERE,
@@ -327,9 +330,6 @@ OVER_BUDGET = {
     "05_ddp": (89, "DDP itself is about 85 lines: main/train split around the process group, the "
                    "sampler, rank 0 alone logging and writing, samples/s over ranks; none of it "
                    "can leave before step 05 has taught it"),
-    "06_exact_metrics": (91, "two lessons in one step (metrics exact over ranks; failures that "
-                             "end every rank, with --timeout and --eval-only): splitting step 06 "
-                             "is the fix, not moving code"),
     "13_domain_parallel": (96, "the data x domain layout threads through sampler, loaders, "
                                "model, FLOP count, DDP hook, metrics and rollout; its machinery "
                                "already lives in wellfno.domain and wellfno.slabs"),
@@ -343,7 +343,8 @@ OVER_LENGTH = {"09_mixed_precision": 364, "11_compile": 409, "12_checkpointing":
 IDEAS = {
     "01_profiling": "torch.profiler", "02_data_pipeline": "input pipeline",
     "03_affinity": "pinned near the rank's GPU", "05_ddp": "DistributedDataParallel",
-    "06_exact_metrics": "metrics exact", "08_host_syncs": "no host sync",
+    "06_exact_metrics": "metrics exact",
+    "07_failures": "failures that end every rank", "08_host_syncs": "no host sync",
     "09_mixed_precision": "mixed precision", "11_compile": "torch.compile",
     "12_checkpointing": "activation checkpointing", "13_domain_parallel": "domain parallelism",
 }

@@ -1,4 +1,4 @@
-"""Solution 08: solution 06 with no host sync inside the training step (loss read every K steps).
+"""Solution 08: solution 07 with no host sync inside the training step (loss read every K steps).
 
     python solutions/08_host_syncs/fno.py --log-every 50   # read the loss back every 50 steps only
 
