@@ -103,6 +103,8 @@ RUNTIME_COMMANDS = [
            "solutions/05_ddp/fno.py --data-dir {D} --out {OUT}/05 --epochs 1"),
     ("06", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
            "solutions/06_exact_metrics/fno.py --data-dir {D} --out {OUT}/06 --epochs 1"),
+    ("07", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/07_failures/fno.py --timeout 30 --data-dir {D} --out {OUT}/07 --epochs 1"),
     ("08", "{py} solutions/08_host_syncs/fno.py --data-dir {D} --out {OUT}/08 --epochs 1"),
     ("09", "{py} solutions/09_mixed_precision/fno.py --data-dir {D} --out {OUT}/09 --epochs 1"),
     ("11", "{py} solutions/11_compile/fno.py --compile --data-dir {D} --out {OUT}/11 --epochs 1"),
@@ -113,7 +115,7 @@ RUNTIME_COMMANDS = [
     ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
 
-TRAINING_STEPS = ("05", "06", "08", "09", "11", "12", "13")  # their metrics.json: samples/s
+TRAINING_STEPS = ("05", "06", "07", "08", "09", "11", "12", "13")  # their metrics.json: samples/s
 
 
 CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there
@@ -257,15 +259,28 @@ def _runtime_note(row: dict) -> str:
     return ""
 
 
+def _with_unmeasured_steps(measured: list[dict]) -> list[dict]:
+    """The measured rows, plus a row without `seconds` for each documented step the results file
+    has none of (a step added since the last `make results`), in the course's order."""
+    order = list(dict.fromkeys(step for step, _ in RUNTIME_COMMANDS))
+    have = {row["step"] for row in measured}
+    missing = [{"step": step, "command": template.format(py="python", D="D", OUT="OUT")}
+               for step, template in RUNTIME_COMMANDS if step not in have]
+    rank = {step: i for i, step in enumerate(order)}
+    return sorted([*measured, *missing], key=lambda row: rank.get(row["step"], len(order)))
+
+
 def runtimes_table(root: Path) -> str:
     """INSTRUCTORS.md's expected runtimes: results/runtimes.json, and results/runtimes_gpu.json where measured."""
     result = _result(root, "runtimes.json")
     gpu = _optional(root, "runtimes_gpu.json")
     gpu_seconds = {row["command"]: row for row in gpu["data"]["rows"]} if gpu else {}
     rows = []
-    for row in result["data"]["rows"]:
+    for row in _with_unmeasured_steps(result["data"]["rows"]):
         on_gpu = gpu_seconds.get(row["command"])
-        rows.append([row["step"], f"`{row['command']}`", f"{row['seconds']:.1f} s{_runtime_note(row)}",
+        here = "to be measured" if row.get("seconds") is None else \
+            f"{row['seconds']:.1f} s{_runtime_note(row)}"
+        rows.append([row["step"], f"`{row['command']}`", here,
                      f"{on_gpu['seconds']:.1f} s{_runtime_note(on_gpu)}" if on_gpu else
                      "(CPU only)" if row["step"] in CPU_ONLY_STEPS else "to be measured"])
     lines = md_table(["step", "command", "wall time here", "GPU node"], rows) + "\n\n" + _caption(result)

@@ -38,7 +38,7 @@ STEPS=(
   "04_stats_2nodes     cpu        data"
   "05_ddp              gpus       data"
   "06_exact_metrics    gpus       data"
-  "06_exact_metrics_2nodes gpus   data"
+  "07_failures_2nodes  gpus       data"
   "08_host_syncs       gpu        data"
   "09_mixed_precision  gpu        data"
   "11_compile      gpu        data"

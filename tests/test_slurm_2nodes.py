@@ -5,7 +5,7 @@ this machine's cores, so these tests show placement, rendezvous and failure hand
 nodes, never speed. Each multi-node run is checked against one node or one rank:
 - 04_stats_2nodes: tasks on both nodes (srun's own per-task files name node and task), srun's
   and torchrun's stats.yaml bit for bit the serial program's;
-- 06_exact_metrics_2nodes through submit_all.sh --with-2nodes: the real program's report of each rank's
+- 07_failures_2nodes through submit_all.sh --with-2nodes: the real program's report of each rank's
   node and local rank; parameters after N steps equal to one rank with the global batch;
   validation and rollout equal to one task evaluating the checkpoint;
 - the GPU variant's placement with stand-in GPUs, NVIDIA and AMD variables (probe mode);
@@ -16,11 +16,11 @@ Without a cluster of two nodes these tests skip on a laptop and FAIL in CI (CI=t
 
 The jobs, and what each proves (the first four are submitted together, `batch`):
 - 04_stats_2nodes: srun and torchrun statistics across nodes equal the serial ones, bit for bit;
-- 06_exact_metrics_2nodes (submit_all.sh --with-2nodes, 3 steps of 4 ranks x 2): placement by
+- 07_failures_2nodes (submit_all.sh --with-2nodes, 3 steps of 4 ranks x 2): placement by
   node and local rank, parameters equal to 1 rank x 8, validation and rollout equal to 1 task;
 - the same job on an NVIDIA and an AMD site in probe mode: each rank's node, local rank, GPU;
 - scaling.py --launcher srun (4 steps a point): each point's ranks on the nodes its table says;
-- 06_exact_metrics_2nodes (30 epochs) losing its second node in epoch 2, then
+- 07_failures_2nodes (30 epochs) losing its second node in epoch 2, then
   06_exact_metrics.sbatch --resume on the node left (while the lost node restarts): the fault;
 - srun -N 2 with rank 1 sent to a closed port (--timeout 5): one line per rank within it;
 - two jobs of two `python -m wellfno.launch` steps at once: they never meet, no port reused.
@@ -63,7 +63,7 @@ pytestmark = pytest.mark.slurm
 
 # The data-parallel solution with exact metrics, --resume and the watchdog (one place: the course
 # renames steps), and step 05's scaling benchmark.
-DDP = "solutions/06_exact_metrics/fno.py"
+DDP = "solutions/07_failures/fno.py"
 SCALING = "solutions/05_ddp/scaling.py"
 CI_ROOT = Path(os.environ.get("SLURM_CI_ROOT", "/var/tmp/wellfno-slurm"))
 TRAIN = (
@@ -191,14 +191,14 @@ def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(
 def _ddp(root, data):
     (job,) = _submit_all(
         job_env(root / "runs", data),
-        "--with-2nodes", "--args", f"06_exact_metrics_2nodes={' '.join(TRAIN)}",
-        "06_exact_metrics_2nodes",
+        "--with-2nodes", "--args", f"07_failures_2nodes={' '.join(TRAIN)}",
+        "07_failures_2nodes",
     )
     return job
 
 
 def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, batch, request, slurm_data, tmp_path):
-    """06_exact_metrics_2nodes through submit_all.sh --with-2nodes on a CPU site: ranks 0, 1 on the first
+    """07_failures_2nodes through submit_all.sh --with-2nodes on a CPU site: ranks 0, 1 on the first
     node and 2, 3 (local ranks 0, 1) on the second, by the program's own report; after 3 steps
     the parameters of 4 ranks x 2 equal those of 1 rank x 8 (within 1e-5: the same sums in
     another order); one task evaluating the checkpoint finds the 4 ranks' validation loss and
@@ -284,13 +284,13 @@ def _gpu_placement(tmp_path, data):
             LOCAL_TMP=str(root / "local"),
             WELLFNO_PROBE=str(root / "probe"),
         )
-        (job,) = _submit_all(env, "--with-2nodes", "06_exact_metrics_2nodes")
+        (job,) = _submit_all(env, "--with-2nodes", "07_failures_2nodes")
         sites[vendor] = (root, job)
     return sites
 
 
 def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, batch, request):
-    """The GPU variant of 06_exact_metrics_2nodes through submit_all.sh --with-2nodes on a 2-GPU
+    """The GPU variant of 07_failures_2nodes through submit_all.sh --with-2nodes on a 2-GPU
     'NVIDIA' and a 2-GPU 'AMD' site (stand-in GPUs, probe mode): 2 nodes x 2 tasks; rank 2 is
     local rank 0 of the second node and drives that node's first GPU; on each node the two ranks
     drive distinct GPUs; the evaluation step is one task on one node with one GPU."""
@@ -298,7 +298,7 @@ def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, batch, request):
     for vendor, (root, job) in batch[request.node.name].items():
         wait(job, timeout=600)
         job.assert_completed()
-        steps = _probes(root / "probe")["06_exact_metrics_2nodes"]
+        steps = _probes(root / "probe")["07_failures_2nodes"]
         train, evaluate = steps["0"], steps["1"]
         assert len(train) == 4 and len(evaluate) == 1, steps
         where = [
@@ -391,7 +391,7 @@ def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(two_nodes, slu
     run_root = tmp_path / "runs"
     env = job_env(run_root, slurm_data)
     job = sbatch(
-        "06_exact_metrics_2nodes.sbatch", "--epochs", "30", "--batch-size", "2", env=env,
+        "07_failures_2nodes.sbatch", "--epochs", "30", "--batch-size", "2", env=env,
         run_root=run_root
     )
     checkpoint = job.run_dir / "checkpoint.pt"
@@ -610,13 +610,13 @@ def test_slurm_2nodes_job_needing_more_nodes_than_the_partition_is_one_line(
     what the job needs, exit 2, nothing submitted (sbatch would leave it pending forever)."""
     root = tmp_path / "copy"
     shutil.copytree(SLURM_DIR, root / "slurm")
-    script = root / "slurm" / "06_exact_metrics_2nodes.sbatch"
+    script = root / "slurm" / "07_failures_2nodes.sbatch"
     script.write_text(
         re.sub(r"^#SBATCH --nodes=2$", "#SBATCH --nodes=3", script.read_text(), flags=re.M)
     )
     env = job_env(tmp_path / "runs", slurm_data, WELLFNO_ROOT=str(root))
     r = subprocess.run(
-        [str(root / "slurm" / "submit_all.sh"), "--with-2nodes", "06_exact_metrics_2nodes"],
+        [str(root / "slurm" / "submit_all.sh"), "--with-2nodes", "07_failures_2nodes"],
         env=env,
         capture_output=True,
         text=True,
@@ -625,7 +625,7 @@ def test_slurm_2nodes_job_needing_more_nodes_than_the_partition_is_one_line(
     assert r.returncode == 2 and not re.search(r"^\d+\s", r.stdout, re.M), r.stdout + r.stderr
     (line,) = error_lines(r.stderr)
     assert re.fullmatch(
-        r"error: 06_exact_metrics_2nodes needs 3 nodes, but partition '\w+' has 2: .*", line
+        r"error: 07_failures_2nodes needs 3 nodes, but partition '\w+' has 2: .*", line
     ), line
 
 
@@ -637,7 +637,7 @@ def test_slurm_2nodes_submit_all_asks_for_both_nodes(tmp_path):
         tmp_path / "runs", tmp_path / "data", GPU_VENDOR="amd", GPUS_PER_NODE="8", CPUS_PER_GPU="7"
     )
     r = subprocess.run(
-        [str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--with-2nodes", "05", "06"],
+        [str(SLURM_DIR / "submit_all.sh"), "--dry-run", "--with-2nodes", "05", "07"],
         env=env,
         capture_output=True,
         text=True,
@@ -654,7 +654,7 @@ def test_slurm_2nodes_submit_all_asks_for_both_nodes(tmp_path):
         for name, c in cmds.items()
     }
     assert {
-        k: opts["06_exact_metrics_2nodes"][k]
+        k: opts["07_failures_2nodes"][k]
         for k in ("--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node")
     } == {"--nodes": "2", "--ntasks": "16", "--ntasks-per-node": "8", "--gpus-per-node": "8"}
     assert {k: opts["05_ddp"][k] for k in ("--nodes", "--ntasks", "--ntasks-per-node")} == {
