@@ -29,6 +29,8 @@ import h5py
 import numpy as np
 import torch
 import yaml
+from the_well.data import WellDataset
+from the_well.data.normalization import ZScoreNormalization
 from torch.utils.data import Dataset
 
 from wellfno.cli import UserError
@@ -297,3 +299,16 @@ def fast_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "v
 
     check_input_steps(dataset_dir, n_steps_input, splits)
     return {split: FastWellDataset(dataset_dir, split, n_steps_input) for split in splits}
+
+
+def open_splits(args, dataset_dir):
+    """The train and valid splits, with the_well's reader or this one (--fast-reader): step 02's
+    statements (tests/test_drift.py checks it); the solutions call it from solution 07 on."""
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # DATASET/stats.yaml.
+    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
+    return splits

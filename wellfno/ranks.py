@@ -61,3 +61,14 @@ def validate(model, loader, device):
     if dist.is_initialized():
         dist.all_reduce(total)
     return (total[0] / total[1]).item()
+
+
+def open_dataset_rank_0_first(args, env):
+    """The dataset's folder and statistics, rank 0 first: it may generate or download the dataset
+    the others then read. Step 05's statements (tests/test_drift.py); called from solution 07 on."""
+    if env.rank > 0:
+        dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
+    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
+    if env.rank == 0 and env.is_distributed:
+        dist.barrier()
+    return dataset_dir, dataset_stats

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from wellfno import plots
 from wellfno.data import model_inputs
 
 
@@ -102,3 +103,15 @@ def _rollout_trajectory(model, dataset, i: int, device, max_steps: int | None):
     constants = None if constants is None else constants.unsqueeze(0).to(device)
     true = true[:, :true.shape[1] if max_steps is None else min(max_steps, true.shape[1])]
     return inputs, true, rollout(model, inputs, true.shape[1], constants)
+
+
+
+def print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out):
+    """The first rollout steps' VRMSE, printed, and OUT/rollout.png: fno.py's statements
+    (tests/test_drift.py checks it), called by the solutions from solution 07 on."""
+    for k in range(min(5, len(model_vrmse))):
+        print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence "
+              f"{persistence_vrmse[k]:.4f}")
+    plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"],
+                         std=stats["std"],
+                         model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)

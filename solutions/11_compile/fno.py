@@ -15,23 +15,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from the_well.data import WellDataset
-from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from affinity.bind import bind_this_rank, worker_init_fn
-from affinity.report import report_line
+from affinity import training
 from profiling import window
 
-from wellfno import data, flops, memory, options, plots
+from wellfno import data, fastwell, flops, memory, options, ranks, rollout
 from wellfno.amp import check_amp
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
 from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
-from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.ranks import over_ranks, samples_left_out, validate
@@ -221,29 +217,15 @@ def train(args, env, backend, device):
     if args.nvtx and device.type != "cuda":
         raise UserError("--nvtx marks ranges for Nsight Systems / rocprofv3 on a GPU; on the CPU "
                         "use --profile")
-    cpus = None
-    if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
-        cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
-        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
-    print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
+    cpus, device = training.bind(args, device)  # step 03's pinning (affinity.training)
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
     if args.eval_only and not checkpoint.is_file():
         raise UserError(f"--eval-only evaluates {checkpoint}, which does not exist: train first, "
                         f"or point --out at the folder of a trained run")
-    if env.rank > 0:
-        dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
-    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
-    if env.rank == 0 and env.is_distributed:
-        dist.barrier()
+    dataset_dir, dataset_stats = ranks.open_dataset_rank_0_first(args, env)  # step 05's
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
-    # DATASET/stats.yaml.
-    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
-                            n_steps_input=args.n_steps_input, use_normalization=True,
-                            normalization_type=ZScoreNormalization, return_grid=False,
-                            boundary_return_type=None) for split in ("train", "valid")}
+    splits = fastwell.open_splits(args, dataset_dir)  # step 02's readers (wellfno.fastwell)
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
@@ -255,16 +237,7 @@ def train(args, env, backend, device):
                         f"holds: use --modes {min(grid)} or fewer")
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
-    # page-locking only speeds up copies to a GPU; torch would warn
-    if args.pin_memory and device.type != "cuda":
-        print(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
-    loader_options = dict(num_workers=args.num_workers,
-                          pin_memory=args.pin_memory and device.type == "cuda")
-    if args.num_workers:  # DataLoader refuses these without workers
-        loader_options.update(prefetch_factor=args.prefetch_factor,
-                              persistent_workers=args.persistent_workers)
-        if cpus:  # each worker on its own slice of the rank's cores, not all on one
-            loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
+    loader_options = training.loader_options(args, device, cpus)  # steps 02 and 03's
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
@@ -368,12 +341,7 @@ def train(args, env, backend, device):
     rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
                                         max_rollout_steps=memory.rollout_steps(model, device))
     model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
-    for k in range(min(5, len(model_vrmse))):
-        print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence "
-              f"{persistence_vrmse[k]:.4f}")
-    plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"],
-                         std=stats["std"],
-                         model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
+    rollout.print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out)
     if args.eval_only:
         atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,
             persistence_vrmse=persistence_vrmse, world_size=env.world_size, device=str(device),

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from the_well.data import WellDataset
-from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
@@ -25,13 +23,12 @@ from tqdm import tqdm
 from affinity import training
 from profiling import window
 
-from wellfno import data, domain, flops, memory, options, plots
+from wellfno import data, domain, fastwell, flops, memory, options, ranks, rollout
 from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
 from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
-from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.ranks import over_ranks, samples_left_out
@@ -201,19 +198,9 @@ def train(args, env, backend, device):
     if args.eval_only and not checkpoint.is_file():
         raise UserError(f"--eval-only evaluates {checkpoint}, which does not exist: train first, "
                         f"or point --out at the folder of a trained run")
-    if env.rank > 0:
-        dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
-    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
-    if env.rank == 0 and env.is_distributed:
-        dist.barrier()
+    dataset_dir, dataset_stats = ranks.open_dataset_rank_0_first(args, env)  # step 05's
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
-    # DATASET/stats.yaml.
-    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
-    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
-                            n_steps_input=args.n_steps_input, use_normalization=True,
-                            normalization_type=ZScoreNormalization, return_grid=False,
-                            boundary_return_type=None) for split in ("train", "valid")}
+    splits = fastwell.open_splits(args, dataset_dir)  # step 02's readers (wellfno.fastwell)
     # data x domain: DDP across the data groups, one sample per domain group (consecutive ranks)
     layout = domain.ProcessGrid.create(env.rank, env.world_size, args.domain_size,
                                        rows=splits["train"].metadata.spatial_resolution[0])
@@ -363,12 +350,7 @@ def train(args, env, backend, device):
                                             max_rollout_steps=memory.rollout_steps(model, device))
         model_vrmse, persistence_vrmse, example = evaluate_rollouts(model, rollout_data, device)
     true, pred = example
-    for k in range(min(5, len(model_vrmse))):
-        print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence "
-              f"{persistence_vrmse[k]:.4f}")
-    plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"],
-                         std=stats["std"],
-                         model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
+    rollout.print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out)
     if args.eval_only:
         atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,
             persistence_vrmse=persistence_vrmse, world_size=env.world_size, device=str(device),
