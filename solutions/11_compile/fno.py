@@ -1,11 +1,10 @@
-"""Solution 11: solution 09 with torch.compile, and FLOP/s against the device's peak (MFU).
+"""Solution 11: solution 10 with torch.compile (the compiling step timed apart).
 
-    python solutions/11_compile/fno.py --amp bf16 --compile --width 64 --batch-size 64
-    nsys profile --trace=cuda,nvtx,osrt -o runs/nsys python solutions/11_compile/fno.py --nvtx
+    python solutions/11_compile/fno.py --compile --width 64 --batch-size 64
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
 With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
-OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
+OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s, MFU and compile_seconds too.
 """
 import argparse
 import contextlib
