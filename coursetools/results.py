@@ -636,7 +636,7 @@ def efficiency_table(root: Path) -> str:
 
 def efficiency_readme_row(result: dict) -> list[str]:
     """The course README's results row of exercises 08-11 (step, command, what it measured) from its results file."""
-    return ["07-09", f"`{result['command']}` ([exercises 08-11](exercises/11_compile/background.md#what-you-should-see))",
+    return ["08-11", f"`{result['command']}` ([exercises 08-11](exercises/11_compile/background.md#what-you-should-see))",
             flops.efficiency_summary(result["data"]) + "; GPU: the same command, to be measured"]
 
 

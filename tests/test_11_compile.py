@@ -143,22 +143,24 @@ def _as_cpu(monkeypatch, name):
 
 
 def test_ladder_adds_one_idea_per_row(benchmark, monkeypatch):
-    """Each row against the step it builds on (issue 20): 07 on 06, 08 and 09 on 07 (compile in
-    float32, not on top of bf16), the size row on 09's compile row, by FLOP/s."""
+    """Each row against the step it builds on (issue 20): 08 on the baseline, 09, 10 and 11 on 08
+    (the size row by FLOP/s in float32, compile in float32: not on top of bf16)."""
     _as_cpu(monkeypatch, "amd_epyc_9754")  # AVX512_BF16: the bf16 row runs
     ladder, rows = _ladder(benchmark, torch.device("cpu"))
-    assert ladder == [("06 baseline", None, "none", None),
-                      ("07 no host syncs", "06 baseline", "none", None),
-                      ("08 mixed precision (bf16)", "07 no host syncs", "bf16", None),
-                      ("09 torch.compile", "07 no host syncs", "none", None),
-                      ("09 width 64, batch 64", "09 torch.compile", "none", None)]
+    base = benchmark.BASELINE_ROW
+    assert base == f"{benchmark.BASELINE.parent.name[:2]} baseline"
+    assert ladder == [(base, None, "none", None),
+                      ("08 no host syncs", base, "none", None),
+                      ("09 mixed precision (bf16)", "08 no host syncs", "bf16", None),
+                      ("10 width 64, batch 64", "08 no host syncs", "none", None),
+                      ("11 torch.compile", "08 no host syncs", "none", None)]
     assert [r.script for r in rows] == [benchmark.BASELINE, benchmark.NO_SYNCS, benchmark.AMP,
-                                        benchmark.SOLUTION, benchmark.SOLUTION]
-    assert "--compile" in rows[3].options and "--compile" not in rows[2].options
-    assert rows[4].by == "FLOP/s" and all(r.by == "samples/s" for r in rows[:4])
+                                        benchmark.MFU, benchmark.SOLUTION]
+    assert "--compile" in rows[4].options and not any("--compile" in r.options for r in rows[:4])
+    assert rows[3].by == "FLOP/s" and all(r.by == "samples/s" for r in rows if r is not rows[3])
     assert all("--log-every" in r.options for r in rows[1:]) and rows[0].options == []
     without_compile, _ = _ladder(benchmark, torch.device("cpu"), no_compile=True)
-    assert without_compile[-1][:2] == ("09 width 64, batch 64", "07 no host syncs")
+    assert [name for name, *_ in without_compile] == [name for name, *_ in ladder[:4]]
 
 
 @pytest.mark.parametrize("cpu", ["amd_epyc_7763", "intel_xeon_8259cl"])
@@ -166,7 +168,7 @@ def test_ladder_skips_bf16_on_a_cpu_without_bf16_units(benchmark, monkeypatch, c
     _as_cpu(monkeypatch, cpu)
     ladder, _ = _ladder(benchmark, torch.device("cpu"))
     name, against, _, skipped = ladder[2]
-    assert (name, against) == ("08 mixed precision", "07 no host syncs")
+    assert (name, against) == ("09 mixed precision", "08 no host syncs")
     assert skipped and "no bfloat16 units" in skipped and "emulated" in skipped
 
 
@@ -175,11 +177,11 @@ def test_ladder_runs_fp16_on_a_gpu_without_bf16(benchmark, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
     ladder, _ = _ladder(benchmark, torch.device("cuda", 0))
-    assert ladder[2] == ("08 mixed precision (fp16)", "07 no host syncs", "fp16", None)
+    assert ladder[2] == ("09 mixed precision (fp16)", "08 no host syncs", "fp16", None)
 
 
 @pytest.mark.slow
-def test_ladder_writes_each_row_against_its_reference(tiny_data_dir, tmp_path):
+def test_ladder_writes_each_row_against_its_reference(benchmark, tiny_data_dir, tmp_path):
     """The benchmark end to end, as on an AVX2-only EPYC (tests/cpu_seam): the bf16 row skipped with
     its reason, each speed-up the ratio to the row it names, MFU against the float32 peak."""
     from tests.test_09_mixed_precision import as_cpu
@@ -191,19 +193,21 @@ def test_ladder_writes_each_row_against_its_reference(tiny_data_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads((out / "efficiency.json").read_text())
     rows = {r["row"]: r for r in written["data"]["rows"]}
-    assert list(rows) == ["06 baseline", "07 no host syncs", "08 mixed precision",
-                          "09 width 8, batch 4"]
-    skipped = rows["08 mixed precision"]
+    base_row = benchmark.BASELINE_ROW
+    assert list(rows) == [base_row, "08 no host syncs", "09 mixed precision",
+                          "10 width 8, batch 4"]
+    skipped = rows["09 mixed precision"]
     assert "no bfloat16 units" in skipped["skipped"] and skipped["samples_per_s"] is None
-    base, no_syncs = rows["06 baseline"], rows["07 no host syncs"]
-    sized = rows["09 width 8, batch 4"]
-    assert no_syncs["against"] == "06 baseline" and sized["against"] == "07 no host syncs"
+    base, no_syncs = rows[base_row], rows["08 no host syncs"]
+    sized = rows["10 width 8, batch 4"]
+    assert no_syncs["against"] == base_row and sized["against"] == "08 no host syncs"
     assert no_syncs["speedup"] == pytest.approx(no_syncs["samples_per_s"] / base["samples_per_s"])
     assert sized["speedup"] == pytest.approx(sized["achieved_flops_per_s"]
                                              / no_syncs["achieved_flops_per_s"])
+    assert sized["command"].startswith("solutions/10_mfu/fno.py ")
     for r in (base, no_syncs, sized):
         assert r["peak_precision"] == "fp32" and r["achieved_flops_per_s"] == pytest.approx(
             r["flops_per_sample"] * r["samples_per_s"])
     table = flops.efficiency_markdown(written["data"]["rows"])
-    assert "| 08 mixed precision | skipped |" in table and "no bfloat16 units" in table
+    assert "| 09 mixed precision | skipped |" in table and "no bfloat16 units" in table
     assert (out / "efficiency.png").is_file()
