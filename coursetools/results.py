@@ -105,6 +105,7 @@ RUNTIME_COMMANDS = [
            "solutions/06_exact_metrics/fno.py --data-dir {D} --out {OUT}/06 --epochs 1"),
     ("08", "{py} solutions/08_host_syncs/fno.py --data-dir {D} --out {OUT}/08 --epochs 1"),
     ("09", "{py} solutions/09_mixed_precision/fno.py --data-dir {D} --out {OUT}/09 --epochs 1"),
+    ("10", "{py} solutions/10_mfu/fno.py --data-dir {D} --out {OUT}/10 --epochs 1"),
     ("11", "{py} solutions/11_compile/fno.py --compile --data-dir {D} --out {OUT}/11 --epochs 1"),
     ("12", "{py} solutions/12_checkpointing/fno.py --checkpoint-blocks --data-dir {D} --out {OUT}/12 "
            "--epochs 1"),
@@ -113,7 +114,7 @@ RUNTIME_COMMANDS = [
     ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
 
-TRAINING_STEPS = ("05", "06", "08", "09", "11", "12", "13")  # their metrics.json: samples/s
+TRAINING_STEPS = ("05", "06", "08", "09", "10", "11", "12", "13")  # their metrics.json: samples/s
 
 
 CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there
@@ -263,11 +264,19 @@ def runtimes_table(root: Path) -> str:
     gpu = _optional(root, "runtimes_gpu.json")
     gpu_seconds = {row["command"]: row for row in gpu["data"]["rows"]} if gpu else {}
     rows = []
+    measured = {row["command"]: row for row in result["data"]["rows"]}
+    documented = [template.format(py="python", D="D", OUT="OUT") for _, template in RUNTIME_COMMANDS]
+    for step, command in zip((step for step, _ in RUNTIME_COMMANDS), documented):
+        if command not in measured:  # a step added since the file was measured: no figure yet
+            rows.append([step, f"`{command}`", "to be measured",
+                         "(CPU only)" if step in CPU_ONLY_STEPS else "to be measured"])
     for row in result["data"]["rows"]:
         on_gpu = gpu_seconds.get(row["command"])
         rows.append([row["step"], f"`{row['command']}`", f"{row['seconds']:.1f} s{_runtime_note(row)}",
                      f"{on_gpu['seconds']:.1f} s{_runtime_note(on_gpu)}" if on_gpu else
                      "(CPU only)" if row["step"] in CPU_ONLY_STEPS else "to be measured"])
+    order = {command: i for i, command in enumerate(documented)}  # the course's order
+    rows.sort(key=lambda r: order.get(r[1].strip("`"), len(order)))
     lines = md_table(["step", "command", "wall time here", "GPU node"], rows) + "\n\n" + _caption(result)
     if gpu:
         lines += "\n" + _caption(gpu).replace("_Measured by", "_GPU column measured by")
