@@ -25,12 +25,12 @@ from tqdm import tqdm
 from affinity import training
 from profiling import window
 
-from wellfno import data, flops, memory, options, plots
+from wellfno import amp, data, flops, memory, options, plots
 from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
+from wellfno.device import check_gpu_not_shared, pick_backend, pick_device, synchronize
 from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
@@ -89,12 +89,6 @@ def parse_args(argv=None):
 
 
 WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
-
-
-def synchronize(device):
-    """Wait for the device's queued work: only where a time is read, never inside the step."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, max_steps=None,
@@ -243,10 +237,7 @@ def train(args, env, backend, device):
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
-    amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
-    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
-        contextlib.nullcontext
+    scaler, autocast = amp.autocast_and_scaler(args, device)  # step 09's (wellfno.amp)
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
