@@ -77,7 +77,8 @@ CHANGES = {
     "12_checkpointing": {
         "parse_args": EVERYWHERE,
         "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits(",
-                  "cpus, device = training.bind(", "loader_options = training.loader_options("],
+                  "cpus, device = training.bind(", "loader_options = training.loader_options(",
+                  "options.check_modes(", "nvtx = "],
     },
     "13_domain_parallel": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
@@ -115,6 +116,9 @@ MOVED_BLOCKS = {
     "affinity.training.loader_options": ("03_affinity", "main", "if args.pin_memory", 3,
                                          "12_checkpointing"),
     "wellfno.amp.autocast_and_scaler": ("09_mixed_precision", "train", "scaler = ", 3, "10_mfu"),
+    "wellfno.options.check_modes": ("10_mfu", "train", "if args.modes > min(grid)", 1,
+                                    "12_checkpointing"),
+    "profiling.window.nvtx_ranges": ("10_mfu", "train", "nvtx = ", 2, "12_checkpointing"),
 }
 # A moved function that a later step replaces by a package's variant: name -> (that step, what it
 # calls instead); the variant's own test below says how it differs from the taught code.
@@ -344,7 +348,7 @@ OVER_BUDGET = {
 WHY_LONG = ("each later step carries every earlier step's options and training loop; a block "
             "leaves a solution only where the diff budget of that pair has room for its removal")
 OVER_LENGTH = {"09_mixed_precision": 364, "10_mfu": 384, "11_compile": 361,
-               "12_checkpointing": 355, "13_domain_parallel": 395}
+               "13_domain_parallel": 390}
 # The idea each solution's docstring names in its first line (what --help prints).
 IDEAS = {
     "01_profiling": "torch.profiler", "02_data_pipeline": "input pipeline",

@@ -8,7 +8,6 @@ With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
 OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
 """
 import argparse
-import contextlib
 import datetime
 import time
 from pathlib import Path
@@ -218,9 +217,7 @@ def train(args, env, backend, device):
                             f"samples, fewer than the {layout.data_size} {groups}: start at most "
                             f"{len(splits[split])} {groups}")
     grid = tuple(splits["train"].metadata.spatial_resolution)  # a frame's sizes (no sample read)
-    if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
-        raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid "
-                        f"holds: use --modes {min(grid)} or fewer")
+    options.check_modes(args, grid)  # step 10's check of --modes (wellfno.options)
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     slab = layout.slab(grid[0])  # this rank's rows of the first spatial axis (all, if 1 rank)
@@ -299,9 +296,7 @@ def train(args, env, backend, device):
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
     prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
-    # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch: ROCTx.
-    nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
-    nvtx.__enter__()
+    nvtx = window.nvtx_ranges(args)  # step 10's NVTX ranges (profiling.window)
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
