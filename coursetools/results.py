@@ -107,6 +107,7 @@ RUNTIME_COMMANDS = [
            "solutions/07_failures/fno.py --timeout 30 --data-dir {D} --out {OUT}/07 --epochs 1"),
     ("08", "{py} solutions/08_host_syncs/fno.py --data-dir {D} --out {OUT}/08 --epochs 1"),
     ("09", "{py} solutions/09_mixed_precision/fno.py --data-dir {D} --out {OUT}/09 --epochs 1"),
+    ("10", "{py} solutions/10_mfu/fno.py --data-dir {D} --out {OUT}/10 --epochs 1"),
     ("11", "{py} solutions/11_compile/fno.py --compile --data-dir {D} --out {OUT}/11 --epochs 1"),
     ("12", "{py} solutions/12_checkpointing/fno.py --checkpoint-blocks --data-dir {D} --out {OUT}/12 "
            "--epochs 1"),
@@ -115,7 +116,7 @@ RUNTIME_COMMANDS = [
     ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
 
-TRAINING_STEPS = ("05", "06", "07", "08", "09", "11", "12", "13")  # their metrics.json: samples/s
+TRAINING_STEPS = ("05", "06", "07", "08", "09", "10", "11", "12", "13")  # their metrics.json: samples/s
 
 
 CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there
@@ -651,7 +652,7 @@ def efficiency_table(root: Path) -> str:
 
 def efficiency_readme_row(result: dict) -> list[str]:
     """The course README's results row of exercises 08-11 (step, command, what it measured) from its results file."""
-    return ["07-09", f"`{result['command']}` ([exercises 08-11](exercises/11_compile/background.md#what-you-should-see))",
+    return ["08-11", f"`{result['command']}` ([exercises 08-11](exercises/11_compile/background.md#what-you-should-see))",
             flops.efficiency_summary(result["data"]) + "; GPU: the same command, to be measured"]
 
 

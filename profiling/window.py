@@ -2,10 +2,13 @@
 
 `start` is solution 01's set-up of torch.profiler (a bounded schedule: wait, warm up, record);
 `finish` is the end of a --profile run as solution 05 left it (every rank wrote its trace, rank 0
-reads its own). tests/test_drift.py checks that both are the taught code, statement for statement.
+reads its own); `nvtx_ranges` is solution 10's --nvtx (NVTX / ROCTx ranges for vendor profilers).
+tests/test_drift.py checks that each is the taught code, statement for statement.
 """
+import contextlib
 import os
 
+import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling import summarize, timeline, traces
@@ -46,3 +49,12 @@ def finish(prof, trace, step, env, device):
     print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and "
           f"{timeline.draw(trace, trace=loaded)}")
     return
+
+
+def nvtx_ranges(args):
+    """Solution 10's --nvtx: the record_function ranges as NVTX (NVIDIA) / ROCTx (AMD) ranges,
+    entered here; the caller exits it after training (solutions 12 on call it here)."""
+    # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch: ROCTx.
+    nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
+    nvtx.__enter__()
+    return nvtx

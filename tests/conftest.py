@@ -63,6 +63,7 @@ STEPS = {
     "07_failures": "solutions/07_failures/fno.py",
     "08_host_syncs": "solutions/08_host_syncs/fno.py",
     "09_mixed_precision": "solutions/09_mixed_precision/fno.py",
+    "10_mfu": "solutions/10_mfu/fno.py",
     "11_compile": "solutions/11_compile/fno.py",
     "12_checkpointing": "solutions/12_checkpointing/fno.py",
     "13_domain_parallel": "solutions/13_domain_parallel/fno.py",

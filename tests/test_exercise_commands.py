@@ -62,8 +62,9 @@ PARTICIPANT = {
     "03_affinity": ("fno.py", lambda tmp: REPO / "solutions/03_affinity/fno.py"),
     "04_distributed_stats": ("my_stats.py", finished_stats),
     **{step: ("fno.py", lambda tmp, step=step: REPO / STEPS[step])
-       for step in ("05_ddp", "06_exact_metrics", "07_failures", "08_host_syncs", "09_mixed_precision",
-                    "11_compile", "12_checkpointing", "13_domain_parallel")},
+       for step in ("05_ddp", "06_exact_metrics", "07_failures", "08_host_syncs",
+                    "09_mixed_precision", "10_mfu", "11_compile", "12_checkpointing",
+                    "13_domain_parallel")},
 }
 EXERCISES = list(PARTICIPANT)
 # the exercises whose README has `## Tasks (N minutes)` and a slot in INSTRUCTORS.md's agenda

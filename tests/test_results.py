@@ -313,27 +313,27 @@ def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_pa
     why = "this CPU has no bfloat16 units (AVX512_BF16, AMX-BF16 or Arm BF16), so bf16 would be " \
           "emulated, slower than float32: use --amp none"
     rows = [_ladder_row("06 baseline", None, 40.0, None),
-            _ladder_row("07 no host syncs", "06 baseline", 42.0, 1.05),
-            _ladder_row("08 mixed precision", "07 no host syncs", None, None, skipped=why),
-            _ladder_row("09 torch.compile", "07 no host syncs", 46.2, 1.1, compile_seconds=19.4),
-            _ladder_row("09 width 64, batch 64", "09 torch.compile", 20.0, 1.73, by="FLOP/s",
-                        flops=4e8, mfu=0.064)]
+            _ladder_row("08 no host syncs", "06 baseline", 42.0, 1.05),
+            _ladder_row("09 mixed precision", "08 no host syncs", None, None, skipped=why),
+            _ladder_row("10 width 64, batch 64", "08 no host syncs", 20.0, 1.73, by="FLOP/s",
+                        flops=4e8, mfu=0.064),
+            _ladder_row("11 torch.compile", "08 no host syncs", 46.2, 1.1, compile_seconds=19.4)]
     data = dict(device="cpu", peak_device="AMD EPYC, 1 core", peak_source="estimate: ...",
                 steps=20, repeats=3, common="", rows=rows)
     results.write_result(tmp_path / results.EFFICIENCY_RESULT, "python solutions/11_compile/"
                          "benchmark.py", data)
     table = results.efficiency_table(tmp_path)
-    assert "| 07 no host syncs | 42.0 | 06 baseline | 1.05× | 4.20 | 1.00% | fp32 | - | - |" in table
-    assert "| 08 mixed precision | skipped | 07 no host syncs | - |" in table
-    assert f"08 mixed precision: skipped: {why}." in table
-    assert "| 09 torch.compile | 46.2 | 07 no host syncs | 1.10× |" in table and "| 19 |" in table
-    assert "| 09 width 64, batch 64 | 20.0 | 09 torch.compile | 1.73× (FLOP/s) | 8.00 | 6.40% |" \
+    assert "| 08 no host syncs | 42.0 | 06 baseline | 1.05× | 4.20 | 1.00% | fp32 | - | - |" in table
+    assert "| 09 mixed precision | skipped | 08 no host syncs | - |" in table
+    assert f"09 mixed precision: skipped: {why}." in table
+    assert "| 11 torch.compile | 46.2 | 08 no host syncs | 1.10× |" in table and "| 19 |" in table
+    assert "| 10 width 64, batch 64 | 20.0 | 08 no host syncs | 1.73× (FLOP/s) | 8.00 | 6.40% |" \
         in table
     sentence = results.efficiency_readme_row(results.read_result(tmp_path
                                                                  / results.EFFICIENCY_RESULT))[2]
-    assert sentence.startswith("06 baseline: 40.0 samples/s; 07 no host syncs **1.05×** vs 06; "
-                               "08 mixed precision: skipped, this CPU has no bfloat16 units "
-                               "(AVX512_BF16, AMX-BF16 or Arm BF16); 09")
-    assert "09 torch.compile **1.10×** vs 07 (19 s compiling, timed apart)" in sentence
-    assert ("width 64, batch 64: 8.0 GFLOP/s (1.73× the FLOP/s of 09 torch.compile), MFU **6.4 %** "
+    assert sentence.startswith("06 baseline: 40.0 samples/s; 08 no host syncs **1.05×** vs 06; "
+                               "09 mixed precision: skipped, this CPU has no bfloat16 units "
+                               "(AVX512_BF16, AMX-BF16 or Arm BF16); width 64")
+    assert "11 torch.compile **1.10×** vs 08 (19 s compiling, timed apart)" in sentence
+    assert ("width 64, batch 64: 8.0 GFLOP/s (1.73× the FLOP/s of 08 no host syncs), MFU **6.4 %** "
             "of the fp32 peak (AMD EPYC, 1 core, an estimate)") in sentence

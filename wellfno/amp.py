@@ -3,11 +3,13 @@
 `check_amp` refuses a precision the device cannot run as such: bf16 on a GPU or a CPU without
 bfloat16 units is emulated, and runs slower than float32. `spectral_convs_in_float32` and
 `ComplexGradsAsReal` are taught in solution 09 (`solutions/09_mixed_precision/fno.py`); later
-solutions import them from here
-(tests/test_drift.py: the same syntax trees as solution 09's).
+solutions import them from here (solution 11 on), and `autocast_and_scaler` is its block that
+sets up GradScaler and autocast (solution 10 on) (tests/test_drift.py: the same syntax trees as
+solution 09's).
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -122,3 +124,12 @@ class ComplexGradsAsReal:
 
     def step(self, *args, **kwargs):
         return self.optimizer.step(*args, **kwargs)
+
+
+def autocast_and_scaler(args, device):
+    """Solution 09's GradScaler (fp16 only) and autocast context for `--amp` (a no-op for none)."""
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
+    amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
+        contextlib.nullcontext
+    return scaler, autocast

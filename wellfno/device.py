@@ -121,3 +121,11 @@ def check_gpu_not_shared(device: torch.device) -> None:
             raise UserError(f"ranks {first_rank[host, gpu]} and {rank} both drive GPU {gpu} on "
                             f"{host}: give each rank its own GPU with {ONE_GPU_PER_RANK}")
         first_rank[host, gpu] = rank
+
+
+# Taught in solution 08 (`solutions/08_host_syncs/fno.py`); solutions 10 on import it from here
+# (tests/test_drift.py: the same syntax tree as solution 08's).
+def synchronize(device):
+    """Wait for the device's queued work: only where a time is read, never inside the step."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

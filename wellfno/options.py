@@ -63,3 +63,10 @@ def check_arguments(args):
         if args.profile_wait < 0 or args.profile_warmup < 0 or args.profile_active < 1:
             raise UserError("--profile needs --max-steps >= --profile-warmup + --profile-active "
                             "(>= 1)")
+
+
+def check_modes(args, grid):
+    """Solution 10's check of --modes against a frame's grid (solutions 12 on call it here)."""
+    if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
+        raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid "
+                        f"holds: use --modes {min(grid)} or fewer")

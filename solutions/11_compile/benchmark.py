@@ -6,15 +6,15 @@
 
 Rows (each the solution of the step that adds the idea, against the row it builds on; not
 cumulative, so each row's speed-up is that idea's own):
-  06 baseline           solutions/06_exact_metrics/fno.py: loss.item() every step, float32, eager
-  07 no host syncs      solutions/08_host_syncs/fno.py --log-every <more than the run>  (vs 06)
-  08 mixed precision    solutions/09_mixed_precision/fno.py ... --amp bf16  (vs 07): bf16 where
+  NN baseline           BASELINE (the step before 08): loss.item() every step, float32, eager
+  08 no host syncs      solutions/08_host_syncs/fno.py --log-every <more than the run>  (vs NN)
+  09 mixed precision    solutions/09_mixed_precision/fno.py ... --amp bf16  (vs 08): bf16 where
                         the device has bf16 units, fp16 on a GPU without them; skipped, with the
                         reason, on a CPU without them (bf16 emulated there, fp16 too: slower)
-  09 torch.compile      solutions/11_compile/fno.py ... --compile, float32  (vs 07; the
-                        compiling first step is timed apart, not in samples/s)
-  09 width W, batch B   ... --compile --width W --batch-size B  (vs 09 torch.compile, by FLOP/s:
-                        more work per kernel, a bigger model, so samples/s are not comparable)
+  10 width W, batch B   solutions/10_mfu/fno.py ... --width W --batch-size B, float32  (vs 08, by
+                        FLOP/s: more work per kernel, a bigger model, so samples/s do not compare)
+  11 torch.compile      solutions/11_compile/fno.py ... --compile, float32  (vs 08: compile's own
+                        effect, not on top of bf16; the compiling first step is timed apart)
 
 For each: training samples/s (its metrics.json), FLOP/s = FLOPs per sample (wellfno.flops,
 forward + backward) x samples/s, MFU against the device's peak for the precision in use,
@@ -45,10 +45,12 @@ from wellfno.model import NextFrameFNO
 from benchtools.resultfiles import write_result
 
 REPO = Path(__file__).resolve().parents[2]
-BASELINE = REPO / "solutions" / "06_exact_metrics" / "fno.py"
+BASELINE = REPO / "solutions" / "06_exact_metrics" / "fno.py"  # the step before host syncs
 NO_SYNCS = REPO / "solutions" / "08_host_syncs" / "fno.py"
 AMP = REPO / "solutions" / "09_mixed_precision" / "fno.py"
+MFU = REPO / "solutions" / "10_mfu" / "fno.py"
 SOLUTION = REPO / "solutions" / "11_compile" / "fno.py"
+BASELINE_ROW = f"{BASELINE.parent.name[:2]} baseline"
 DEFAULT_WIDTH, DEFAULT_BATCH = 32, 16  # fno.py's model and batch
 
 
@@ -81,27 +83,25 @@ def mixed_precision(device: torch.device) -> tuple[str | None, str]:
 
 def rows_to_run(args, device: torch.device) -> list[Row]:
     no_syncs = ["--log-every", str(10 * args.steps)]  # never read back inside the timed steps
-    rows = [Row("06 baseline", Path(args.baseline)),
-            Row("07 no host syncs", NO_SYNCS, no_syncs, against=0)]
+    rows = [Row(BASELINE_ROW, Path(args.baseline)),
+            Row("08 no host syncs", NO_SYNCS, no_syncs, against=0)]
     amp, why_not_bf16 = mixed_precision(device)
     if amp is None:
-        rows.append(Row("08 mixed precision", AMP, no_syncs + ["--amp", "bf16"], against=1,
+        rows.append(Row("09 mixed precision", AMP, no_syncs + ["--amp", "bf16"], against=1,
                         skipped=why_not_bf16.removeprefix("--amp bf16: ")))
     else:
-        rows.append(Row(f"08 mixed precision ({amp})", AMP, no_syncs + ["--amp", amp], against=1))
-    sized, sized_against = no_syncs, 1  # the size row adds its idea to 09's compile row, or 07
-    if not args.no_compile:
-        sized = no_syncs + ["--compile"]
-        rows.append(Row("09 torch.compile", SOLUTION, sized, against=1))
-        sized_against = len(rows) - 1
-    rows.append(Row(f"09 width {args.width}, batch {args.batch_size}", SOLUTION,
-                    sized + ["--width", str(args.width), "--batch-size", str(args.batch_size)],
-                    against=sized_against, by="FLOP/s"))
+        rows.append(Row(f"09 mixed precision ({amp})", AMP, no_syncs + ["--amp", amp], against=1))
+    # Step 10 measures: a bigger model and batch, float32 and eager, against 08 by FLOP/s.
+    rows.append(Row(f"10 width {args.width}, batch {args.batch_size}", MFU,
+                    no_syncs + ["--width", str(args.width), "--batch-size", str(args.batch_size)],
+                    against=1, by="FLOP/s"))
+    if not args.no_compile:  # compile's own effect: float32, fno.py's size, against 08
+        rows.append(Row("11 torch.compile", SOLUTION, no_syncs + ["--compile"], against=1))
     return rows
 
 
 def flops_per_sample(dataset_dir: Path, width: int, batch_size: int) -> float:
-    """FLOPs of one training sample of the FNO the scripts build, for the rows before 09 (their
+    """FLOPs of one training sample of the FNO the scripts build, for the rows before 10 (their
     metrics lack them)."""
     splits = data.well_datasets(dataset_dir, 1)
     fields = len(data.channel_names(splits["train"]))
@@ -149,8 +149,8 @@ def main(argv=None):
     if min(args.steps, args.repeats, args.width, args.batch_size) < 1:
         raise UserError("--steps, --repeats, --width and --batch-size must be at least 1")
     if not Path(args.baseline).is_file():
-        raise UserError(f"--baseline {args.baseline}: no such script (solution 06 is the first "
-                        "row's script)")
+        raise UserError(f"--baseline {args.baseline}: no such script ({BASELINE.relative_to(REPO)} "
+                        "is the first row's script)")
     device = pick_device(args.device)
     dataset_dir = data.resolve_dataset(args.data_dir, args.dataset)
     out = Path(args.out)
@@ -173,12 +173,12 @@ def main(argv=None):
                     best[i] = metrics
                 print(f"round {round_ + 1}/{args.repeats}  {metrics['samples_per_second']:9.1f} "
                       f"samples/s  {rows[i].name}", flush=True)
-    # The rows before 09 have no FLOP count of their own: the model of their (default) size, counted
+    # The rows before 10 have no FLOP count of their own: the model of their (default) size, counted
     # here, against the device's peak for their precision (float32, bf16, fp16).
     peak = flops.device_peak(device)
     default_flops = flops_per_sample(dataset_dir, DEFAULT_WIDTH, DEFAULT_BATCH)
     for i in measured:
-        if rows[i].script != SOLUTION:
+        if "flops_per_sample" not in best[i]:
             best[i]["flops_per_sample"] = default_flops
             best[i].update(flops.utilization(best[i]["flops_per_sample"],
                                              best[i]["samples_per_second"], peak, rows[i].amp))

@@ -1,11 +1,10 @@
-"""Solution 11: solution 09 with torch.compile, and FLOP/s against the device's peak (MFU).
+"""Solution 11: solution 10 with torch.compile (the compiling step timed apart).
 
-    python solutions/11_compile/fno.py --amp bf16 --compile --width 64 --batch-size 64
-    nsys profile --trace=cuda,nvtx,osrt -o runs/nsys python solutions/11_compile/fno.py --nvtx
+    python solutions/11_compile/fno.py --compile --width 64 --batch-size 64
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
 With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
-OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
+OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s, MFU and compile_seconds too.
 """
 import argparse
 import contextlib
@@ -23,11 +22,11 @@ from tqdm import tqdm
 from affinity import training
 from profiling import window
 
-from wellfno import data, fastwell, flops, memory, options, ranks, rollout
-from wellfno.amp import check_amp
+from wellfno import amp, data, fastwell, flops, memory, options, ranks, rollout
+from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
+from wellfno.device import check_gpu_not_shared, pick_backend, pick_device, synchronize
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.ranks import over_ranks, samples_left_out, validate
@@ -82,50 +81,6 @@ def parse_args(argv=None):
 
 
 WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
-
-
-def synchronize(device):
-    """Wait for the device's queued work: only where a time is read, never inside the step."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def spectral_convs_in_float32(fno):
-    """Feed every SpectralConv float32, so its FFTs and complex weights stay float32 under autocast.
-
-    Autocast puts the 1x1 convolutions (most of the FLOPs) in bf16/fp16, and their output goes into
-    the FFT. CPU autocast casts FFTs to float32 itself; CUDA and ROCm autocast do not, and there
-    torch.fft refuses bfloat16 (pytorch/pytorch#117844) and does float16 only for powers of 2.
-    """
-    def to_float32(module, args):
-        return (args[0].float(), *args[1:])
-    for conv in fno.fno_blocks.convs:
-        conv.register_forward_pre_hook(to_float32)
-
-
-class ComplexGradsAsReal:
-    """The optimizer as GradScaler sees it: complex gradients shown as real (..., 2) views.
-
-    GradScaler cannot unscale complex gradients (pytorch/pytorch#58228), and the spectral weights
-    are complex. Unscaling a real view unscales the complex gradient in place; step() is the
-    optimizer's own.
-    """
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-
-    @property
-    def param_groups(self):
-        def real(p):  # GradScaler reads p.grad of each parameter: give it a real view of both
-            if p.grad is None or not p.grad.is_complex():
-                return p
-            view = torch.view_as_real(p.detach())
-            view.grad = torch.view_as_real(p.grad)
-            return view
-        return [{**group, "params": [real(p) for p in group["params"]]}
-                for group in self.optimizer.param_groups]
-
-    def step(self, *args, **kwargs):
-        return self.optimizer.step(*args, **kwargs)
 
 
 def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, max_steps=None,
@@ -261,10 +216,7 @@ def train(args, env, backend, device):
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
-    amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
-    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
-        contextlib.nullcontext
+    scaler, autocast = amp.autocast_and_scaler(args, device)  # step 09's (wellfno.amp)
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)

@@ -8,7 +8,6 @@ With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
 OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
 """
 import argparse
-import contextlib
 import datetime
 import time
 from pathlib import Path
@@ -23,12 +22,12 @@ from tqdm import tqdm
 from affinity import training
 from profiling import window
 
-from wellfno import data, fastwell, flops, memory, options, ranks, rollout
+from wellfno import amp, data, fastwell, flops, memory, options, ranks, rollout
 from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
+from wellfno.device import check_gpu_not_shared, pick_backend, pick_device, synchronize
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.ranks import over_ranks, samples_left_out, validate
@@ -86,12 +85,6 @@ def parse_args(argv=None):
 
 
 WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
-
-
-def synchronize(device):
-    """Wait for the device's queued work: only where a time is read, never inside the step."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, max_steps=None,
@@ -198,9 +191,7 @@ def train(args, env, backend, device):
                             f"samples, fewer than the {env.world_size} ranks: start at most "
                             f"{len(splits[split])}")
     grid = tuple(splits["train"].metadata.spatial_resolution)  # a frame's sizes (no sample read)
-    if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
-        raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid "
-                        f"holds: use --modes {min(grid)} or fewer")
+    options.check_modes(args, grid)  # step 10's check of --modes (wellfno.options)
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
     loader_options = training.loader_options(args, device, cpus)  # steps 02 and 03's
@@ -230,10 +221,7 @@ def train(args, env, backend, device):
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
-    amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
-    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
-        contextlib.nullcontext
+    scaler, autocast = amp.autocast_and_scaler(args, device)  # step 09's (wellfno.amp)
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
@@ -266,9 +254,7 @@ def train(args, env, backend, device):
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
     prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
-    # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch: ROCTx.
-    nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
-    nvtx.__enter__()
+    nvtx = window.nvtx_ranges(args)  # step 10's NVTX ranges (profiling.window)
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
