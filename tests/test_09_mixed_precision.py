@@ -49,8 +49,8 @@ def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, tmp
     reference is one in-process run for both precisions (and the peak-memory check); so is each
     low-precision run, but for the one that needs the recorded CPU's environment (a process)."""
     reference = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS)[0])
-    fix = f"add --amp with autocast {task('08', 1)}" if amp == "bf16" else \
-        f"hand GradScaler the complex gradients as real views {task('08', 3)}"
+    fix = f"add --amp with autocast {task('09', 1)}" if amp == "bf16" else \
+        f"hand GradScaler the complex gradients as real views {task('09', 3)}"
     if amp == "bf16" and not this_cpu_has_bf16_units():
         low = per_step_losses(train(script, tiny_data_dir, tmp_path / amp, *STEPS, "--amp", amp,
                                     fix=fix, env=as_cpu("intel_xeon_amx")))
@@ -58,13 +58,13 @@ def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, tmp
         low = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS, "--amp",
                                        amp)[0])
     require(len(low) == len(reference) == 5, f"5 steps logged {len(reference)} float32 and "
-            f"{len(low)} {amp} losses (allowed: 5 each) {task('08', 1)}")
+            f"{len(low)} {amp} losses (allowed: 5 each) {task('09', 1)}")
     relative = [abs(a - b) / b for a, b in zip(low, reference)]
     require(max(relative) < tolerance, f"--amp {amp}: the loss is {max(relative):.1e} (relative) "
             f"from float32 (allowed: {tolerance:.0e}): keep the spectral convolutions float32 "
-            f"{task('08', 2)}")
+            f"{task('09', 2)}")
     require(max(relative) > 0, f"--amp {amp} gave exactly the float32 losses: autocast the forward "
-            f"pass {task('08', 1)}")
+            f"pass {task('09', 1)}")
 
 # -- bf16 on a CPU: only with bf16 units (else emulated, slower than float32) ----------------------
 
@@ -93,9 +93,9 @@ def _assert_bf16_refused(result, out):
             and "--amp none" in line,
             f"--amp bf16 on a CPU without bf16 units must stop with one error line naming --amp none "
             f"and exit 2, got exit {result.returncode}: {line}; call check_amp(args.amp, device) "
-            f"first {task('08', 1)}")
+            f"first {task('09', 1)}")
     require(not out.exists(), f"--amp bf16 was refused but {out.name}/ was written: check --amp "
-                              f"before creating the output folder {task('08', 1)}")
+                              f"before creating the output folder {task('09', 1)}")
 
 
 @pytest.mark.parametrize("cpu", ["amd_epyc_7763", "intel_xeon_8259cl"])
@@ -123,7 +123,7 @@ def test_metrics_record_the_peak_memory(script, tiny_data_dir, finished_run):
     require(isinstance(peak, (int, float)) and peak > 0 and metrics.get("peak_memory_of"),
             f"metrics.json has peak_memory_bytes {peak} and peak_memory_of "
             f"{metrics.get('peak_memory_of')!r} (allowed: a positive byte count, and what it "
-            f"measured) {task('08', 4)}")
+            f"measured) {task('09', 4)}")
 
 
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts

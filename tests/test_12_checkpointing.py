@@ -91,7 +91,7 @@ def test_blocks_run_again_in_the_backward_and_keep_less():
 def train(finished_run, script, data_dir, *extra):
     """(stdout, metrics.json, output folder) of one in-process run (conftest.py's finished_run)."""
     out, stdout = finished_run(script, data_dir, *RUN, *extra,
-                               fix=f"add --checkpoint-blocks {task('10', 1)}")
+                               fix=f"add --checkpoint-blocks {task('12', 1)}")
     return stdout, json.loads((out / "metrics.json").read_text()), out
 
 
@@ -102,15 +102,15 @@ def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, finished_
                                            "--checkpoint-blocks")
     require("blocks checkpointed" in stdout, "the memory line of a --checkpoint-blocks run "
             "does not say 'blocks checkpointed': pass checkpointed=args.checkpoint_blocks to "
-            f"memory.check_step_fits {task('10', 1)}")
+            f"memory.check_step_fits {task('12', 1)}")
     losses = [run["history"][0].get("loss_log") for run in (plain, checkpointed)]
     require(losses[0] == losses[1], "--checkpoint-blocks changed the per-step losses (allowed: "
-            f"bitwise the same): checkpoint the blocks' original forward {task('10', 1)}")
+            f"bitwise the same): checkpoint the blocks' original forward {task('12', 1)}")
     a = torch.load(plain_out / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(ckpt_out / "checkpoint.pt", weights_only=True)["model"]
     differ = sum(k not in b or not torch.equal(a[k], b[k]) for k in a) + len(b.keys() - a.keys())
     require(differ == 0, f"{differ} of {len(a)} parameter tensors differ with --checkpoint-blocks "
-            f"(allowed: none; the same state_dict keys) {task('10', 1)}")
+            f"(allowed: none; the same state_dict keys) {task('12', 1)}")
     flag = checkpointed["config"].get("checkpoint_blocks")
     require(flag is True, f"metrics.json's config has checkpoint_blocks {flag} (allowed: true) "
-            f"{task('10', 1)}")
+            f"{task('12', 1)}")

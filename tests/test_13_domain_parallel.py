@@ -88,19 +88,19 @@ def test_a_domain_group_of_2_trains_as_one_rank(script, tiny_data_dir, one_rank,
         "2",
         *ONE_STEP,
     )
-    assert_ok(results, f"add --domain-size {task('11', 1)}")
+    assert_ok(results, f"add --domain-size {task('13', 1)}")
     require("1 data x 2 domain ranks" in results[0][1],
-            f"no '1 data x 2 domain ranks: ...' line from rank 0 {task('11', 1)}")
+            f"no '1 data x 2 domain ranks: ...' line from rank 0 {task('13', 1)}")
     worst = max_relative_difference(
         parameters(tmp_path / "checkpoint.pt"), parameters(one_rank / "checkpoint.pt")
     )
     require_close("after one step on a domain group of 2 the parameters are", worst,
-                  f"sum the loss shares over the group and register the DDP hook {task('11', 4)}")
+                  f"sum the loss shares over the group and register the DDP hook {task('13', 4)}")
     got, ref = metrics(tmp_path), metrics(one_rank)
     require_close(
         "a domain group of 2's train and valid loss",
         relative([got["train_loss"], got["valid_loss"]], [ref["train_loss"], ref["valid_loss"]]),
-        f"the loss is the mean over the whole sample {task('11', 4)}",
+        f"the loss is the mean over the whole sample {task('13', 4)}",
     )
     require_close(
         "a domain group of 2's rollout VRMSE",
@@ -108,14 +108,14 @@ def test_a_domain_group_of_2_trains_as_one_rank(script, tiny_data_dir, one_rank,
             got["rollout_vrmse"] + got["persistence_vrmse"],
             ref["rollout_vrmse"] + ref["persistence_vrmse"],
         ),
-        f"VRMSE over the whole frame, float64 sums over the group {task('11', 5)}",
+        f"VRMSE over the whole frame, float64 sums over the group {task('13', 5)}",
     )
     samples = (got["history"][0].get("samples"), ref["history"][0].get("samples"))
     require(samples[0] == samples[1] == 4, f"a domain group of 2 counted {samples[0]} samples in "
-            f"one step of batch 4 (allowed: 4, once per group, as one rank) {task('11', 1)}")
+            f"one step of batch 4 (allowed: 4, once per group, as one rank) {task('13', 1)}")
     shape = (got.get("global_batch_size"), got.get("world_size"))
     require(shape == (4, 2), f"metrics.json has global_batch_size {shape[0]} and world_size "
-            f"{shape[1]} (allowed: 4 and 2) {task('11', 1)}")
+            f"{shape[1]} (allowed: 4 and 2) {task('13', 1)}")
 
 
 @pytest.mark.slow
@@ -135,18 +135,18 @@ def test_2_data_x_2_domain_ranks_equal_one_rank_with_twice_the_batch(
         "2",
         *ONE_STEP,
     )
-    assert_ok(results, f"2 data x 2 domain ranks must train {task('11', 1)}")
+    assert_ok(results, f"2 data x 2 domain ranks must train {task('13', 1)}")
     require("global batch 4 = 2 domain group(s) x --batch-size 2" in results[0][1],
-            f"no 'global batch 4 = 2 domain group(s) x --batch-size 2' line {task('11', 1)}")
+            f"no 'global batch 4 = 2 domain group(s) x --batch-size 2' line {task('13', 1)}")
     worst = max_relative_difference(
         parameters(tmp_path / "checkpoint.pt"), parameters(one_rank / "checkpoint.pt")
     )
     require_close("after one step on 2 data x 2 domain ranks the parameters are", worst,
-                  f"the DDP hook divides the sum by the number of data groups {task('11', 4)}")
+                  f"the DDP hook divides the sum by the number of data groups {task('13', 4)}")
     require_close(
         "2 data x 2 domain ranks' train loss",
         relative([metrics(tmp_path)["train_loss"]], [metrics(one_rank)["train_loss"]]),
-        f"the loss is the mean over the whole sample {task('11', 4)}",
+        f"the loss is the mean over the whole sample {task('13', 4)}",
     )
 
 
@@ -177,7 +177,7 @@ def test_the_checkpoint_evaluates_alike_on_any_layout(
                 str(size),
                 *SMALL,
             ),
-            f"--eval-only on {max(world, 1) // size} x {size} ranks must evaluate {task('11', 5)}",
+            f"--eval-only on {max(world, 1) // size} x {size} ranks must evaluate {task('13', 5)}",
         )
         evaluation = json.loads((out / "eval.json").read_text())
         values = [
@@ -187,16 +187,16 @@ def test_the_checkpoint_evaluates_alike_on_any_layout(
         ]
         require(
             (out / "checkpoint.pt").read_bytes() == (one_rank / "checkpoint.pt").read_bytes(),
-            f"--eval-only changed checkpoint.pt: it must only read it {task('11', 5)}",
+            f"--eval-only changed checkpoint.pt: it must only read it {task('13', 5)}",
         )
         if reference is None:
             reference = values
         else:
             require(len(values) == len(reference), f"--eval-only on {world // size} x {size} "
-                    f"ranks wrote {len(values)} numbers, one rank {len(reference)} {task('11', 5)}")
+                    f"ranks wrote {len(values)} numbers, one rank {len(reference)} {task('13', 5)}")
             require_close(f"--eval-only on {world // size} x {size} ranks' valid loss and VRMSE",
                           relative(values, reference),
-                          f"float64 sums over the slabs, the mean over the group {task('11', 5)}")
+                          f"float64 sums over the slabs, the mean over the group {task('13', 5)}")
 
 
 @pytest.mark.slow
@@ -250,7 +250,7 @@ def test_a_killed_domain_rank_ends_every_rank_within_seconds(script, tiny_data_d
         while not any("Training on" in line for line in stdout0) and time.monotonic() < deadline:
             time.sleep(0.2)
         require(any("Training on" in line for line in stdout0),
-                f"a domain group of 2 never started training {task('11', 1)}")
+                f"a domain group of 2 never started training {task('13', 1)}")
         time.sleep(2)  # in the training loop
         procs[1].send_signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -303,18 +303,18 @@ def test_a_3d_standin_of_mhd_256_trains_on_2_and_3_domain_ranks_as_on_one(
         out = tmp_path / f"w{world}"
         size = ("--domain-size", str(world)) if world else ()
         assert_ok(run(script_module, script, world, *common, "--out", out, *size, *extra),
-                  f"a 3-D grid on {max(world, 1)} domain rank(s) must train {task('11', 3)}")
+                  f"a 3-D grid on {max(world, 1)} domain rank(s) must train {task('13', 3)}")
         runs[world] = out
     for world in (2, 3):
         worst = max_relative_difference(
             parameters(runs[world] / "checkpoint.pt"), parameters(runs[0] / "checkpoint.pt")
         )
         require_close(f"a 3-D step on {world} domain ranks' parameters are", worst,
-                      f"the spectral convolution on 3-D slabs, an odd axis too {task('11', 2)}")
+                      f"the spectral convolution on 3-D slabs, an odd axis too {task('13', 2)}")
         got, ref = metrics(runs[world]), metrics(runs[0])
         require_close(f"a 3-D rollout VRMSE on {world} domain ranks",
                       relative(got["rollout_vrmse"], ref["rollout_vrmse"]),
-                      f"VRMSE over the whole frame {task('11', 5)}")
+                      f"VRMSE over the whole frame {task('13', 5)}")
 
 
 # --------------------------------------------------------------------------- bad input
@@ -348,7 +348,7 @@ def test_a_world_the_grid_does_not_divide_is_one_line(
         *ONE_STEP,
     )
     one_line_error(results, out, "do not divide into domain groups of 2",
-                   f"refuse it with wellfno.domain's ProcessGrid {task('11', 1)}")
+                   f"refuse it with wellfno.domain's ProcessGrid {task('13', 1)}")
 
 
 def test_compile_with_a_domain_group_is_one_line(script, script_module, tiny_data_dir, tmp_path):
@@ -361,7 +361,7 @@ def test_compile_with_a_domain_group_is_one_line(script, script_module, tiny_dat
     results = run(script_module, script, 0, "--data-dir", tiny_data_dir, "--out", out,
                   "--domain-size", "2", "--compile", *ONE_STEP)
     one_line_error(results, out, "--compile and --domain-size > 1 do not go together",
-                   f"refuse the pair before the ranks {task('11', 1)}")
+                   f"refuse the pair before the ranks {task('13', 1)}")
 
 
 def test_more_domain_ranks_than_rows_is_one_line(script, script_module, tiny_data_dir, tmp_path):
@@ -373,7 +373,7 @@ def test_more_domain_ranks_than_rows_is_one_line(script, script_module, tiny_dat
     )
     one_line_error(
         results, out, "--domain-size 17 is more than the 16 cells of the first spatial axis",
-        f"check the grid before the ranks {task('11', 1)}",
+        f"check the grid before the ranks {task('13', 1)}",
     )
 
 
@@ -394,7 +394,7 @@ def test_modes_too_few_to_share_is_one_line(script, tiny_data_dir, tmp_path):
         "1",
     )
     one_line_error(results, out, "fewer than the 2 domain ranks",
-                   f"share the modes out only when each rank gets some {task('11', 2)}")
+                   f"share the modes out only when each rank gets some {task('13', 2)}")
 
 
 @pytest.mark.slow
@@ -423,10 +423,10 @@ def test_a_checkpoint_of_another_model_size_is_one_line(script, tiny_data_dir, o
             and all("trained with other settings" in line for line in lines),
             f"--resume with another --width: the ranks exited with {codes} and {len(lines)} error "
             "line(s) (allowed: 2 each, '... was trained with other settings ...', as fno.py says "
-            f"it): keep the serial model's state_dict {task('11', 3)}")
+            f"it): keep the serial model's state_dict {task('13', 3)}")
     require(sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
             and (out / "checkpoint.pt").read_bytes() == before,
-            f"the refused --resume changed the output folder {task('11', 5)}")
+            f"the refused --resume changed the output folder {task('13', 5)}")
 
 
 # --------------------------------------------------------------------------- Slurm

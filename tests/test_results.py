@@ -312,8 +312,8 @@ def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_pa
     efficiency.json): each speed-up against the row it names, a skipped row with its reason."""
     why = "this CPU has no bfloat16 units (AVX512_BF16, AMX-BF16 or Arm BF16), so bf16 would be " \
           "emulated, slower than float32: use --amp none"
-    rows = [_ladder_row("06 baseline", None, 40.0, None),
-            _ladder_row("08 no host syncs", "06 baseline", 42.0, 1.05),
+    rows = [_ladder_row("07 baseline", None, 40.0, None),
+            _ladder_row("08 no host syncs", "07 baseline", 42.0, 1.05),
             _ladder_row("09 mixed precision", "08 no host syncs", None, None, skipped=why),
             _ladder_row("10 width 64, batch 64", "08 no host syncs", 20.0, 1.73, by="FLOP/s",
                         flops=4e8, mfu=0.064),
@@ -323,7 +323,7 @@ def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_pa
     results.write_result(tmp_path / results.EFFICIENCY_RESULT, "python solutions/11_compile/"
                          "benchmark.py", data)
     table = results.efficiency_table(tmp_path)
-    assert "| 08 no host syncs | 42.0 | 06 baseline | 1.05× | 4.20 | 1.00% | fp32 | - | - |" in table
+    assert "| 08 no host syncs | 42.0 | 07 baseline | 1.05× | 4.20 | 1.00% | fp32 | - | - |" in table
     assert "| 09 mixed precision | skipped | 08 no host syncs | - |" in table
     assert f"09 mixed precision: skipped: {why}." in table
     assert "| 11 torch.compile | 46.2 | 08 no host syncs | 1.10× |" in table and "| 19 |" in table
@@ -331,7 +331,7 @@ def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_pa
         in table
     sentence = results.efficiency_readme_row(results.read_result(tmp_path
                                                                  / results.EFFICIENCY_RESULT))[2]
-    assert sentence.startswith("06 baseline: 40.0 samples/s; 08 no host syncs **1.05×** vs 06; "
+    assert sentence.startswith("07 baseline: 40.0 samples/s; 08 no host syncs **1.05×** vs 07; "
                                "09 mixed precision: skipped, this CPU has no bfloat16 units "
                                "(AVX512_BF16, AMX-BF16 or Arm BF16); width 64")
     assert "11 torch.compile **1.10×** vs 08 (19 s compiling, timed apart)" in sentence

@@ -952,7 +952,7 @@ def test_slurm_efficiency_job_writes_its_table(batch, request):
     from tests.test_09_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
 
     mixed = "09 mixed precision (bf16)" if this_cpu_has_bf16_units() else "09 mixed precision"
-    assert [r["row"] for r in rows] == ["06 baseline", "08 no host syncs", mixed,
+    assert [r["row"] for r in rows] == ["07 baseline", "08 no host syncs", mixed,
                                         "10 width 8, batch 4"]
     assert all(r["samples_per_s"] > 0 and r["achieved_flops_per_s"] > 0 for r in rows
                if r["skipped"] is None)

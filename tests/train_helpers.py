@@ -34,5 +34,5 @@ def per_step_losses(metrics):
     """The running mean training loss read back after each step (needs --log-every 1)."""
     log = metrics["history"][0].get("loss_log")
     require(log, "metrics.json's history has no loss_log, the [step, mean loss] pairs read back "
-            f"every --log-every steps {task('07', 1)}")
+            f"every --log-every steps {task('08', 1)}")
     return [loss for _, loss in log]

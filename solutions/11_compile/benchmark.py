@@ -45,7 +45,7 @@ from wellfno.model import NextFrameFNO
 from benchtools.resultfiles import write_result
 
 REPO = Path(__file__).resolve().parents[2]
-BASELINE = REPO / "solutions" / "06_exact_metrics" / "fno.py"  # the step before host syncs
+BASELINE = REPO / "solutions" / "07_failures" / "fno.py"  # the step before host syncs
 NO_SYNCS = REPO / "solutions" / "08_host_syncs" / "fno.py"
 AMP = REPO / "solutions" / "09_mixed_precision" / "fno.py"
 MFU = REPO / "solutions" / "10_mfu" / "fno.py"
