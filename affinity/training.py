@@ -3,7 +3,7 @@
 `bind` pins this rank near its GPU and prints where it runs; `loader_options` are the DataLoader's
 settings of exercise 02 with each worker on its own slice of the rank's cores (exercise 03).
 Both are solution 03's statements (tests/test_drift.py checks it); the solutions call them from
-solution 10 on.
+solution 12 on.
 """
 from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.placement import report_line

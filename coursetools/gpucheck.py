@@ -253,11 +253,11 @@ def run_pytest_gpu(repo: Path, timeout: float = 1200, deselect: tuple[str, ...] 
 # The solution each GPU check runs, by what it checks: when a step is renamed or split, its line
 # here is the one to change.
 STEP_SCRIPTS = {
-    "mixed_precision": "solutions/08_mixed_precision/fno.py",
-    "compile": "solutions/09_compile_mfu/fno.py",
-    "peak_memory": "solutions/09_compile_mfu/fno.py",
+    "mixed_precision": "solutions/09_mixed_precision/fno.py",
+    "compile": "solutions/11_compile/fno.py",
+    "peak_memory": "solutions/11_compile/fno.py",
 }
-# The loss with --amp bf16 / --compile against float32, as tests/test_08_mixed_precision.py bounds it
+# The loss with --amp bf16 / --compile against float32, as tests/test_09_mixed_precision.py bounds it
 # on the CPU (where its comment says why): bf16 1e-3, compile 1e-4 relative, every step.
 LOSS_TOLERANCE = {"bf16": 1e-3, "compile": 1e-4}
 RUNS_06 = {"float32": [], "bf16": ["--amp", "bf16"], "compile": ["--compile"]}

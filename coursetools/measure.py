@@ -87,18 +87,18 @@ TARGETS = (
             "--results results/05_ddp_scaling.json",),
            "exercise 05, README"),
     Target("efficiency_cpu", "results/efficiency_cpu/efficiency.json",
-           ("{py} solutions/09_compile_mfu/benchmark.py --data-dir {data} "
+           ("{py} solutions/11_compile/benchmark.py --data-dir {data} "
             "--out results/efficiency_cpu --steps 20 --repeats 2 --common '--bind none'",),
-           "exercises 07-09, README"),
-    Target("10_checkpointing", "results/10_checkpointing.json",
-           ("{py} solutions/11_domain_parallel/benchmark.py --checkpointing --rows 64 --cols 64 "
-            "--layers 8 --batch-size 8 --steps 8 --repeats 2 --out {runs}/bench10 "
-            "--results results/10_checkpointing.json",),
-           "exercise 10"),
-    Target("11_domain_scaling", "results/11_domain_scaling.json",
-           ("{py} solutions/11_domain_parallel/benchmark.py --ranks 1 2 --steps 10 --repeats 2 "
-            "--out {runs}/bench11 --results results/11_domain_scaling.json",),
-           "exercise 11"),
+           "exercises 08-11, README"),
+    Target("12_checkpointing", "results/12_checkpointing.json",
+           ("{py} solutions/13_domain_parallel/benchmark.py --checkpointing --rows 64 --cols 64 "
+            "--layers 8 --batch-size 8 --steps 8 --repeats 2 --out {runs}/bench12 "
+            "--results results/12_checkpointing.json",),
+           "exercise 12"),
+    Target("13_domain_scaling", "results/13_domain_scaling.json",
+           ("{py} solutions/13_domain_parallel/benchmark.py --ranks 1 2 --steps 10 --repeats 2 "
+            "--out {runs}/bench13 --results results/13_domain_scaling.json",),
+           "exercise 13"),
 )
 BY_NAME = {t.name: t for t in TARGETS}
 

@@ -103,17 +103,17 @@ RUNTIME_COMMANDS = [
            "solutions/05_ddp/fno.py --data-dir {D} --out {OUT}/05 --epochs 1"),
     ("06", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
            "solutions/06_exact_metrics/fno.py --data-dir {D} --out {OUT}/06 --epochs 1"),
-    ("07", "{py} solutions/07_host_syncs/fno.py --data-dir {D} --out {OUT}/07 --epochs 1"),
-    ("08", "{py} solutions/08_mixed_precision/fno.py --data-dir {D} --out {OUT}/08 --epochs 1"),
-    ("09", "{py} solutions/09_compile_mfu/fno.py --compile --data-dir {D} --out {OUT}/09 --epochs 1"),
-    ("10", "{py} solutions/10_checkpointing/fno.py --checkpoint-blocks --data-dir {D} --out {OUT}/10 "
+    ("08", "{py} solutions/08_host_syncs/fno.py --data-dir {D} --out {OUT}/08 --epochs 1"),
+    ("09", "{py} solutions/09_mixed_precision/fno.py --data-dir {D} --out {OUT}/09 --epochs 1"),
+    ("11", "{py} solutions/11_compile/fno.py --compile --data-dir {D} --out {OUT}/11 --epochs 1"),
+    ("12", "{py} solutions/12_checkpointing/fno.py --checkpoint-blocks --data-dir {D} --out {OUT}/12 "
            "--epochs 1"),
-    ("11", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
-           "solutions/11_domain_parallel/fno.py --domain-size 2 --data-dir {D} --out {OUT}/11 --epochs 1"),
+    ("13", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
+           "solutions/13_domain_parallel/fno.py --domain-size 2 --data-dir {D} --out {OUT}/13 --epochs 1"),
     ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
 
-TRAINING_STEPS = ("05", "06", "07", "08", "09", "10", "11")  # their metrics.json: samples/s
+TRAINING_STEPS = ("05", "06", "08", "09", "11", "12", "13")  # their metrics.json: samples/s
 
 
 CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there
@@ -572,14 +572,14 @@ def readme_results_table(root: Path) -> str:
     if scaling:  # exercise 05: its sentence lives beside the table it summarises
         rows.append(ddp_readme_row(scaling) + [_link("05_ddp_scaling.json")])
     efficiency = use("efficiency_cpu/efficiency.json")
-    if efficiency:  # exercises 07-09: its sentence lives beside the table it summarises
+    if efficiency:  # exercises 08-11: its sentence lives beside the table it summarises
         rows.append(efficiency_readme_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
-    checkpointing = use("10_checkpointing.json")
-    if checkpointing:  # exercise 10: its sentence lives beside the table it summarises
-        rows.append(checkpointing_readme_row(checkpointing) + [_link("10_checkpointing.json")])
-    domain = use("11_domain_scaling.json")
+    checkpointing = use("12_checkpointing.json")
+    if checkpointing:  # exercise 12: its sentence lives beside the table it summarises
+        rows.append(checkpointing_readme_row(checkpointing) + [_link("12_checkpointing.json")])
+    domain = use("13_domain_scaling.json")
     if domain:
-        rows.append(domain_readme_row(domain) + [_link("11_domain_scaling.json")])
+        rows.append(domain_readme_row(domain) + [_link("13_domain_scaling.json")])
     machines = {}
     for name, res in results.items():
         if res:
@@ -627,7 +627,7 @@ EFFICIENCY_RESULT = Path("results") / "efficiency_cpu" / "efficiency.json"
 
 
 def efficiency_table(root: Path) -> str:
-    """README renderer (coursetools.results): exercises 07-09's table from its committed results file."""
+    """README renderer (coursetools.results): exercises 08-11's table from its committed results file."""
     result = read_result(root / EFFICIENCY_RESULT)
     data = result["data"]
     return (flops.efficiency_markdown(data["rows"]) + f"\n\nPeak: {data['peak_device']} ({data['peak_source']}).\n\n"
@@ -635,13 +635,13 @@ def efficiency_table(root: Path) -> str:
 
 
 def efficiency_readme_row(result: dict) -> list[str]:
-    """The course README's results row of exercises 07-09 (step, command, what it measured) from its results file."""
-    return ["07-09", f"`{result['command']}` ([exercises 07-09](exercises/09_compile_mfu/background.md#what-you-should-see))",
+    """The course README's results row of exercises 08-11 (step, command, what it measured) from its results file."""
+    return ["07-09", f"`{result['command']}` ([exercises 08-11](exercises/11_compile/background.md#what-you-should-see))",
             flops.efficiency_summary(result["data"]) + "; GPU: the same command, to be measured"]
 
 
-# --------------------------------------------------------------------------- exercises 10 and 11
-# Both files are written by solutions/11_domain_parallel/benchmark.py (--checkpointing for step 10).
+# --------------------------------------------------------------------------- exercises 12 and 13
+# Both files are written by solutions/13_domain_parallel/benchmark.py (--checkpointing for step 12).
 def _mb(n_bytes: float) -> str:
     return f"{n_bytes / 1e6:.1f} MB"
 
@@ -656,8 +656,8 @@ def _domain_config(config: dict) -> str:
 
 
 def checkpointing_table(root: Path) -> str:
-    """Exercise 10's plain vs checkpointed step, from results/10_checkpointing.json."""
-    result = _result(root, "10_checkpointing.json")
+    """Exercise 12's plain vs checkpointed step, from results/12_checkpointing.json."""
+    result = _result(root, "12_checkpointing.json")
     d = result["data"]
     by = {row["checkpointed"]: row for row in d["modes"]["checkpointing"]}
     plain, ckpt = by[False], by[True]
@@ -673,8 +673,8 @@ def checkpointing_table(root: Path) -> str:
 
 
 def domain_scaling_table(root: Path) -> str:
-    """Exercise 11's weak and strong domain scaling, from results/11_domain_scaling.json."""
-    result = _result(root, "11_domain_scaling.json")
+    """Exercise 13's weak and strong domain scaling, from results/13_domain_scaling.json."""
+    result = _result(root, "13_domain_scaling.json")
     d = result["data"]
     rows = []
     for mode, mode_rows in d["modes"].items():
@@ -694,11 +694,11 @@ def domain_scaling_table(root: Path) -> str:
 
 
 def checkpointing_readme_row(result: dict) -> list[str]:
-    """The course README's results row of exercise 10 (step, command, what it measured)."""
+    """The course README's results row of exercise 12 (step, command, what it measured)."""
     by = {row["checkpointed"]: row for row in result["data"]["modes"]["checkpointing"]}
     plain, ckpt = by[False], by[True]
-    link = "[exercise 10](exercises/10_checkpointing/README.md#what-you-should-see)"
-    return ["10", f"`{result['command']}` ({link})",
+    link = "[exercise 12](exercises/12_checkpointing/README.md#what-you-should-see)"
+    return ["12", f"`{result['command']}` ({link})",
             f"{plain['grid'].replace('x', '×')}, {result['data']['config']['layers']} blocks, one "
             f"rank: peak {_mb(plain['peak_bytes_per_rank'])} plain, "
             f"{_mb(ckpt['peak_bytes_per_rank'])} checkpointed "
@@ -707,7 +707,7 @@ def checkpointing_readme_row(result: dict) -> list[str]:
 
 
 def domain_readme_row(result: dict) -> list[str]:
-    """The course README's results row of exercise 11 (step, command, what it measured)."""
+    """The course README's results row of exercise 13 (step, command, what it measured)."""
     parts = []
     for mode, rows in result["data"]["modes"].items():
         first, last = rows[0], rows[-1]
@@ -716,8 +716,8 @@ def domain_readme_row(result: dict) -> list[str]:
         parts.append(f"{mode} {first['ranks']} to {last['ranks']} domain ranks: {gain}, exchange "
                      f"{100 * last['exchange_share']:.0f} % of a step, peak per rank "
                      f"{_mb(first['peak_bytes_per_rank'])} to {_mb(last['peak_bytes_per_rank'])}")
-    link = "[exercise 11](exercises/11_domain_parallel/README.md#what-you-should-see)"
-    return ["11", f"`{result['command']}` ({link})",
+    link = "[exercise 13](exercises/13_domain_parallel/README.md#what-you-should-see)"
+    return ["13", f"`{result['command']}` ({link})",
             "; ".join(parts)]
 
 

@@ -39,10 +39,10 @@ STEPS=(
   "05_ddp              gpus       data"
   "06_exact_metrics    gpus       data"
   "06_exact_metrics_2nodes gpus   data"
-  "07_host_syncs       gpu        data"
-  "08_mixed_precision  gpu        data"
-  "09_compile_mfu      gpu        data"
-  "11_domain_parallel  gpus       data"
+  "08_host_syncs       gpu        data"
+  "09_mixed_precision  gpu        data"
+  "11_compile      gpu        data"
+  "13_domain_parallel  gpus       data"
 )
 
 with_2nodes=0 dry=0 selected=() extra=() step_args=()

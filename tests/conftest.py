@@ -60,11 +60,11 @@ STEPS = {
     "03_affinity": "solutions/03_affinity/fno.py",
     "05_ddp": "solutions/05_ddp/fno.py",
     "06_exact_metrics": "solutions/06_exact_metrics/fno.py",
-    "07_host_syncs": "solutions/07_host_syncs/fno.py",
-    "08_mixed_precision": "solutions/08_mixed_precision/fno.py",
-    "09_compile_mfu": "solutions/09_compile_mfu/fno.py",
-    "10_checkpointing": "solutions/10_checkpointing/fno.py",
-    "11_domain_parallel": "solutions/11_domain_parallel/fno.py",
+    "08_host_syncs": "solutions/08_host_syncs/fno.py",
+    "09_mixed_precision": "solutions/09_mixed_precision/fno.py",
+    "11_compile": "solutions/11_compile/fno.py",
+    "12_checkpointing": "solutions/12_checkpointing/fno.py",
+    "13_domain_parallel": "solutions/13_domain_parallel/fno.py",
 }
 
 
@@ -178,7 +178,7 @@ START_UP_SECONDS = 2.0
 def finished_run(tmp_path_factory):
     """finished_run(script, data_dir, *options) -> (output folder, stdout) of one in-process run.
 
-    One run per distinct command and session: the checks that read the same run (exercise 07's
+    One run per distinct command and session: the checks that read the same run (exercise 08's
     --log-every runs, 08's float32 reference, 09's eager reference) share it, instead of each
     starting a process that imports torch again. Callers read the folder; they must not change it.
     A run that refuses its options fails the test with the script's one `error:` line.

@@ -131,7 +131,7 @@ ONE_RANK_STEP = ("--epochs", "1", "--max-steps", "1", "--batch-size", "4", *SMAL
 
 def one_rank_reference(finished_run, script, data_dir) -> Path:
     """The output folder of one rank, --batch-size 4, one step: the reference that exercises 05, 06
-    and 11 compare their ranks with and evaluate. One plain run in the test process
+    and 13 compare their ranks with and evaluate. One plain run in the test process
     (conftest.py's finished_run: no launcher, nothing about the process is checked on it), shared
     by the three modules on the last solution."""
     return finished_run(script, data_dir, *ONE_RANK_STEP)[0]

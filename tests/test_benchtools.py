@@ -90,13 +90,13 @@ def test_measure_says_which_target_failed_or_wrote_nothing(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_a_benchmark_keeps_the_fastest_of_its_rounds(tmp_path):
-    """solutions/11_domain_parallel/benchmark.py --checkpointing --repeats 2 on a tiny model: each
-    row is the best of 2 rounds, and its results file says so (make results runs it for step 10)."""
+    """solutions/13_domain_parallel/benchmark.py --checkpointing --repeats 2 on a tiny model: each
+    row is the best of 2 rounds, and its results file says so (make results runs it for step 12)."""
     import subprocess
 
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, str(REPO / "solutions/11_domain_parallel/benchmark.py"), "--checkpointing",
+        [sys.executable, str(REPO / "solutions/13_domain_parallel/benchmark.py"), "--checkpointing",
          "--rows", "8", "--cols", "16", "--width", "8", "--layers", "2", "--fno-modes", "4",
          "--batch-size", "2", "--steps", "4", "--repeats", "2", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -33,12 +33,12 @@ CASES = [
      "incomplete_launcher or nccl_without_gpu"),
     ("tests/test_06_exact_metrics.py", "solutions/05_ddp/fno.py", "06",
      "eval_only_without_checkpoint or split_smaller"),
-    ("tests/test_07_host_syncs.py", "solutions/06_exact_metrics/fno.py", "07", None),
-    ("tests/test_08_mixed_precision.py", "solutions/07_host_syncs/fno.py", "08", "peak_memory"),
-    ("tests/test_09_compile_mfu.py", "solutions/08_mixed_precision/fno.py", "09", None),
-    ("tests/test_10_checkpointing.py", "solutions/09_compile_mfu/fno.py", "10",
+    ("tests/test_08_host_syncs.py", "solutions/06_exact_metrics/fno.py", "07", None),
+    ("tests/test_09_mixed_precision.py", "solutions/08_host_syncs/fno.py", "08", "peak_memory"),
+    ("tests/test_11_compile.py", "solutions/09_mixed_precision/fno.py", "09", None),
+    ("tests/test_12_checkpointing.py", "solutions/11_compile/fno.py", "10",
      "checkpointed_run_trains"),
-    ("tests/test_11_domain_parallel.py", "solutions/10_checkpointing/fno.py", "11", None),
+    ("tests/test_13_domain_parallel.py", "solutions/12_checkpointing/fno.py", "11", None),
 ]
 # What a dump looks like: a tensor or array repr, a dict or list of values, pytest's introspection.
 DUMPS = re.compile(r"tensor\(|array\(|Traceback|^E\s+assert |^E\s+where |\{'|^>\s", re.M)

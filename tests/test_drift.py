@@ -45,11 +45,11 @@ CHANGES = {
                   "atomic_torch_save(",
                   "valid_loss = (validate(", 'atomic_write_json(out / "metrics.json"'],
     },
-    "07_host_syncs": {
+    "08_host_syncs": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE, "+synchronize": EVERYWHERE,
         "train": ["row = train_one_epoch(", "return window.finish("],
     },
-    "08_mixed_precision": {
+    "09_mixed_precision": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "+spectral_convs_in_float32": EVERYWHERE, "+ComplexGradsAsReal": EVERYWHERE,
         "train": ["check_amp(", "spectral_convs_in_float32(", "scaler = ", "amp_dtype = ",
@@ -58,7 +58,7 @@ CHANGES = {
                   "atomic_torch_save(",
                   "peak_memory = memory.peak_memory(", 'atomic_write_json(out / "metrics.json"'],
     },
-    "09_compile_mfu": {
+    "11_compile": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "train": ["if args.compile", "if args.nvtx", "grid = ", "if args.modes > min(grid)",
                   "train_loader = DataLoader(",
@@ -70,12 +70,12 @@ CHANGES = {
                   "row = train_one_epoch(", 'log(f"epoch {epoch}', "excludes += ", "efficiency = ",
                   "print(flops.utilization_line(", 'atomic_write_json(out / "metrics.json"'],
     },
-    "10_checkpointing": {
+    "12_checkpointing": {
         "parse_args": EVERYWHERE,
         "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits(",
                   "cpus, device = training.bind(", "loader_options = training.loader_options("],
     },
-    "11_domain_parallel": {
+    "13_domain_parallel": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "train": ["layout = domain.ProcessGrid.create(", "groups = ", "if len(splits[split]) < ",
                   "slab = ", "if args.domain_size", "train_sampler = DistributedSampler(",
@@ -90,8 +90,8 @@ CHANGES = {
 # function -> (the module later steps import it from, the step whose solution taught it)
 MOVED = {
     "validate": ("wellfno.ranks", "06_exact_metrics"),
-    "spectral_convs_in_float32": ("wellfno.amp", "08_mixed_precision"),
-    "ComplexGradsAsReal": ("wellfno.amp", "08_mixed_precision"),
+    "spectral_convs_in_float32": ("wellfno.amp", "09_mixed_precision"),
+    "ComplexGradsAsReal": ("wellfno.amp", "09_mixed_precision"),
 }
 # Blocks of statements that left the solutions for a package once their step was taught:
 # "module.function" -> (the step that taught the block, the solution's function it was in, the
@@ -105,14 +105,14 @@ MOVED_BLOCKS = {
                                       "args = p.parse_args(argv)", "03_affinity"),
     "wellfno.options.check_arguments": ("02_data_pipeline", "parse_args",
                                         "if args.num_workers < 0", "for name in (", "03_affinity"),
-    "profiling.window.finish": ("05_ddp", "train", "if prof:", "body", "07_host_syncs"),
-    "affinity.training.bind": ("03_affinity", "main", "cpus = None", 3, "10_checkpointing"),
+    "profiling.window.finish": ("05_ddp", "train", "if prof:", "body", "08_host_syncs"),
+    "affinity.training.bind": ("03_affinity", "main", "cpus = None", 3, "12_checkpointing"),
     "affinity.training.loader_options": ("03_affinity", "main", "if args.pin_memory", 3,
-                                         "10_checkpointing"),
+                                         "12_checkpointing"),
 }
 # A moved function that a later step replaces by a package's variant: name -> (that step, what it
 # calls instead); the variant's own test below says how it differs from the taught code.
-REPLACED = {"validate": ("11_domain_parallel", "domain.validate(")}
+REPLACED = {"validate": ("13_domain_parallel", "domain.validate(")}
 # APIs newer than the oldest torch the course supports (requirements.txt, INSTRUCTORS.md).
 TOO_NEW = {"torch.amp.is_autocast_available": "torch 2.4 (wellfno.amp.autocast_available works on "
                                               "any)"}
@@ -268,7 +268,7 @@ def test_moved_block_is_the_taught_code(name):
 
 
 def test_domain_validate_is_ranks_validate_with_the_loss_as_an_argument():
-    """Solution 11's loss-taking validate lives in wellfno.domain: step 06's, but for the loss."""
+    """Solution 13's loss-taking validate lives in wellfno.domain: step 06's, but for the loss."""
     import wellfno.domain
     import wellfno.ranks
 
@@ -330,22 +330,22 @@ OVER_BUDGET = {
     "06_exact_metrics": (91, "two lessons in one step (metrics exact over ranks; failures that "
                              "end every rank, with --timeout and --eval-only): splitting step 06 "
                              "is the fix, not moving code"),
-    "11_domain_parallel": (96, "the data x domain layout threads through sampler, loaders, "
+    "13_domain_parallel": (96, "the data x domain layout threads through sampler, loaders, "
                                "model, FLOP count, DDP hook, metrics and rollout; its machinery "
                                "already lives in wellfno.domain and wellfno.slabs"),
 }
 # Solutions still over the length limit: their most lines and why.
 WHY_LONG = ("each later step carries every earlier step's options and training loop; a block "
             "leaves a solution only where the diff budget of that pair has room for its removal")
-OVER_LENGTH = {"08_mixed_precision": 364, "09_compile_mfu": 409, "10_checkpointing": 364,
-               "11_domain_parallel": 404}
+OVER_LENGTH = {"09_mixed_precision": 364, "11_compile": 409, "12_checkpointing": 364,
+               "13_domain_parallel": 404}
 # The idea each solution's docstring names in its first line (what --help prints).
 IDEAS = {
     "01_profiling": "torch.profiler", "02_data_pipeline": "input pipeline",
     "03_affinity": "pinned near the rank's GPU", "05_ddp": "DistributedDataParallel",
-    "06_exact_metrics": "metrics exact", "07_host_syncs": "no host sync",
-    "08_mixed_precision": "mixed precision", "09_compile_mfu": "torch.compile",
-    "10_checkpointing": "activation checkpointing", "11_domain_parallel": "domain parallelism",
+    "06_exact_metrics": "metrics exact", "08_host_syncs": "no host sync",
+    "09_mixed_precision": "mixed precision", "11_compile": "torch.compile",
+    "12_checkpointing": "activation checkpointing", "13_domain_parallel": "domain parallelism",
 }
 
 

@@ -26,7 +26,7 @@ Adding an exercise: one line in PARTICIPANT (the file its participant edits, and
 finished one is). The command test is `slow`: each block starts Python and imports torch, and
 torchrun blocks start one process per rank more. What the READMEs skip, each with its reason on
 the marker: GPU and Slurm commands, check-your-work (the suite runs it), torch.compile (a
-minute or two on a CPU; tests/test_09_compile_mfu.py compiles), and benchmarks of minutes.
+minute or two on a CPU; tests/test_11_compile.py compiles), and benchmarks of minutes.
 
 Also here, quick: each README's task times add up to its `## Tasks (N minutes)` and to its
 slot in INSTRUCTORS.md: the core track's row (slot and time of day) or the optional steps'
@@ -62,8 +62,8 @@ PARTICIPANT = {
     "03_affinity": ("fno.py", lambda tmp: REPO / "solutions/03_affinity/fno.py"),
     "04_distributed_stats": ("my_stats.py", finished_stats),
     **{step: ("fno.py", lambda tmp, step=step: REPO / STEPS[step])
-       for step in ("05_ddp", "06_exact_metrics", "07_host_syncs", "08_mixed_precision",
-                    "09_compile_mfu", "10_checkpointing", "11_domain_parallel")},
+       for step in ("05_ddp", "06_exact_metrics", "08_host_syncs", "09_mixed_precision",
+                    "11_compile", "12_checkpointing", "13_domain_parallel")},
 }
 EXERCISES = list(PARTICIPANT)
 # the exercises whose README has `## Tasks (N minutes)` and a slot in INSTRUCTORS.md's agenda
@@ -218,11 +218,11 @@ def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_pa
                                 "MASTER_", "TORCHELASTIC", "STATS_"))}
     env.update(WELL_DATA=str(tiny_data_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                MPLBACKEND="Agg")
-    from tests.test_08_mixed_precision import as_cpu, this_cpu_has_bf16_units
+    from tests.test_09_mixed_precision import as_cpu, this_cpu_has_bf16_units
 
     if not this_cpu_has_bf16_units():
-        # The READMEs' `--amp bf16` commands are for a CPU or GPU with bf16 units (exercise 08
-        # says a CPU without them refuses it in one line, tests/test_08_mixed_precision.py):
+        # The READMEs' `--amp bf16` commands are for a CPU or GPU with bf16 units (exercise 09
+        # says a CPU without them refuses it in one line, tests/test_09_mixed_precision.py):
         # here they run as on a recorded CPU that has them (tests/cpu_seam).
         env.update(as_cpu("intel_xeon_amx"))
     for block in blocks:

@@ -258,7 +258,7 @@ def step_06_runs(tmp_path_factory):
 @pytest.mark.parametrize("name", ["bf16", "compile"])
 def test_gpu_06_low_precision_and_compile_track_float32(step_06_runs, name):
     """The losses of 5 steps track float32's within the CPU tests' tolerance
-    (tests/test_08_mixed_precision.py:
+    (tests/test_09_mixed_precision.py:
     bf16 1e-3, compile 1e-4 relative); bf16 must also differ, or autocast did nothing."""
     from coursetools.gpucheck import LOSS_TOLERANCE
 

@@ -340,7 +340,7 @@ def test_step_06_runs_compare_losses_and_memory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpucheck, "RUN_06", [a if a != "cuda" else "cpu" for a in gpucheck.RUN_06])
     monkeypatch.setattr(gpucheck, "RUNS_06", {"float32": [], "bf16": ["--amp", "bf16"]})
-    from tests.test_08_mixed_precision import as_cpu, this_cpu_has_bf16_units
+    from tests.test_09_mixed_precision import as_cpu, this_cpu_has_bf16_units
 
     if not this_cpu_has_bf16_units():  # bf16's losses as on a CPU with bf16 units (test_08's why)
         for name, value in as_cpu("intel_xeon_amx").items():

@@ -328,10 +328,10 @@ def test_rollout_with_an_oracle_is_exact_in_3d_and_with_constant_fields(name, st
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["MHD_64", "acoustic_scattering_maze"])
 def test_ddp_and_efficiency_solutions_train_and_roll_out(name, standins, tmp_path):
-    """Steps 05 and 09 (one rank) on a 3-D dataset and on a 2-D one with constant fields."""
+    """Steps 05 and 11 (one rank) on a 3-D dataset and on a 2-D one with constant fields."""
     data_dir = standins(name).parent.parent
     common = ["--dataset", name, "--data-dir", data_dir, *SMALL]
     run_ok("solutions/05_ddp/fno.py", *common, "--out", tmp_path / "05", "--bind", "none")
-    run_ok("solutions/09_compile_mfu/fno.py", *common, "--out", tmp_path / "09", "--bind", "none")
+    run_ok("solutions/11_compile/fno.py", *common, "--out", tmp_path / "09", "--bind", "none")
     for step in ("05", "09"):
         assert (tmp_path / step / "rollout.png").is_file() and (tmp_path / step / "metrics.json").is_file()

@@ -239,7 +239,7 @@ def test_render_renders_what_it_can_and_names_what_it_cannot(tmp_path):
     assert "\nkept\n" in (tmp_path / "INSTRUCTORS.md").read_text()                   # left as it was
 
 
-# ---- exercises 10 and 11 (solutions/11_domain_parallel/benchmark.py's files)
+# ---- exercises 12 and 13 (solutions/13_domain_parallel/benchmark.py's files)
 _DOMAIN_CONFIG = dict(ranks=[1, 2], modes=["weak", "strong"], rows=64, cols=64, depth=0, width=32,
                       fno_modes=12, layers=8, batch_size=8, steps=8, repeats=2, device="cpu")
 
@@ -250,8 +250,8 @@ def _domain_row(ranks, grid, step_ms, share, peak, **extra):
 
 
 def test_checkpointing_table_shows_both_ratios(tmp_path):
-    _write(tmp_path, "10_checkpointing.json",
-           "python solutions/11_domain_parallel/benchmark.py --checkpointing",
+    _write(tmp_path, "12_checkpointing.json",
+           "python solutions/13_domain_parallel/benchmark.py --checkpointing",
            dict(config=_DOMAIN_CONFIG, modes={"checkpointing": [
                _domain_row(1, "64x64", 1000.0, 0.001, 200_000_000, checkpointed=False),
                _domain_row(1, "64x64", 1250.0, 0.001, 80_000_000, checkpointed=True)]}),
@@ -264,8 +264,8 @@ def test_checkpointing_table_shows_both_ratios(tmp_path):
 
 
 def test_domain_scaling_table_has_weak_and_strong_rows(tmp_path):
-    _write(tmp_path, "11_domain_scaling.json",
-           "python solutions/11_domain_parallel/benchmark.py --ranks 1 2",
+    _write(tmp_path, "13_domain_scaling.json",
+           "python solutions/13_domain_parallel/benchmark.py --ranks 1 2",
            dict(config=dict(_DOMAIN_CONFIG, repeats=1), modes={
                "weak": [_domain_row(1, "64x64", 300.0, 0.004, 60_000_000, efficiency=1.0),
                         _domain_row(2, "128x64", 400.0, 0.22, 63_000_000, efficiency=0.75)],
@@ -308,7 +308,7 @@ def _ladder_row(name, against, samples, speedup, by="samples/s", skipped=None, f
 
 
 def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_path):
-    """Exercises 07-09's table and README sentence (solutions/09_compile_mfu/benchmark.py's
+    """Exercises 08-11's table and README sentence (solutions/11_compile/benchmark.py's
     efficiency.json): each speed-up against the row it names, a skipped row with its reason."""
     why = "this CPU has no bfloat16 units (AVX512_BF16, AMX-BF16 or Arm BF16), so bf16 would be " \
           "emulated, slower than float32: use --amp none"
@@ -320,7 +320,7 @@ def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_pa
                         flops=4e8, mfu=0.064)]
     data = dict(device="cpu", peak_device="AMD EPYC, 1 core", peak_source="estimate: ...",
                 steps=20, repeats=3, common="", rows=rows)
-    results.write_result(tmp_path / results.EFFICIENCY_RESULT, "python solutions/09_compile_mfu/"
+    results.write_result(tmp_path / results.EFFICIENCY_RESULT, "python solutions/11_compile/"
                          "benchmark.py", data)
     table = results.efficiency_table(tmp_path)
     assert "| 07 no host syncs | 42.0 | 06 baseline | 1.05× | 4.20 | 1.00% | fp32 | - | - |" in table

@@ -941,13 +941,13 @@ def test_slurm_06_two_tasks_then_one_task_evaluates(batch, request):
 @batched("test_slurm_07_counts_the_syncs_per_step", seconds=85)
 def _host_syncs(root, data):
     # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's own: 20)
-    return sbatch("07_host_syncs.sbatch", "--batch-size", "2", "--max-steps", "7",
+    return sbatch("08_host_syncs.sbatch", "--batch-size", "2", "--max-steps", "7",
                   env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
 def test_slurm_07_counts_the_syncs_per_step(batch, request):
-    """slurm/07_host_syncs.sbatch: two profiled runs, their syncs per step."""
+    """slurm/08_host_syncs.sbatch: two profiled runs, their syncs per step."""
     job = wait(batch[request.node.name], timeout=900)
     job.assert_completed()
     out = job.out.read_text()
@@ -957,16 +957,16 @@ def test_slurm_07_counts_the_syncs_per_step(batch, request):
 
 @batched("test_slurm_08_runs_each_precision", seconds=85)
 def _mixed_precision(root, data):
-    return sbatch("08_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
+    return sbatch("09_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
                   env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
 def test_slurm_08_runs_each_precision(batch, request):
-    """slurm/08_mixed_precision.sbatch: float32, bf16 and fp16 side by side."""
+    """slurm/09_mixed_precision.sbatch: float32, bf16 and fp16 side by side."""
     job = wait(batch[request.node.name], timeout=900)
     job.assert_completed()
-    from tests.test_08_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
+    from tests.test_09_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
 
     # bf16 runs where the node's CPU has bf16 units (wellfno.amp refuses emulated bf16)
     amps = ("none", "bf16", "fp16") if this_cpu_has_bf16_units() else ("none", "fp16")
@@ -978,20 +978,20 @@ def test_slurm_08_runs_each_precision(batch, request):
 @batched("test_slurm_efficiency_job_writes_its_table", seconds=60)
 def _efficiency(root, data):
     # one round (--repeats 1): the job's table, not the best of three measurements
-    return sbatch("09_compile_mfu.sbatch", "--steps", "2", "--repeats", "1", "--no-compile",
+    return sbatch("11_compile.sbatch", "--steps", "2", "--repeats", "1", "--no-compile",
                   "--width", "8", "--batch-size", "4", env=job_env(root / "runs", data),
                   run_root=root / "runs")
 
 
 @pytest.mark.slow
 def test_slurm_efficiency_job_writes_its_table(batch, request):
-    """slurm/09_compile_mfu.sbatch: the benchmark's rows, no vendor profiler on a CPU."""
+    """slurm/11_compile.sbatch: the benchmark's rows, no vendor profiler on a CPU."""
     import json
     job = wait(batch[request.node.name], timeout=900)
     job.assert_completed()
     result = json.loads((job.run_dir / "efficiency.json").read_text())
     rows = result["data"]["rows"]
-    from tests.test_08_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
+    from tests.test_09_mixed_precision import this_cpu_has_bf16_units  # the nodes are this machine
 
     mixed = "08 mixed precision (bf16)" if this_cpu_has_bf16_units() else "08 mixed precision"
     assert [r["row"] for r in rows] == ["06 baseline", "07 no host syncs", mixed,
@@ -1005,14 +1005,14 @@ def test_slurm_efficiency_job_writes_its_table(batch, request):
 @batched("test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates",
          seconds=30)
 def _domain_parallel(root, data):
-    return sbatch("11_domain_parallel.sbatch", "--epochs", "1", "--batch-size", "2",
+    return sbatch("13_domain_parallel.sbatch", "--epochs", "1", "--batch-size", "2",
                   "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
                   run_root=root / "runs")
 
 
 @pytest.mark.slow
 def test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates(batch, request):
-    """slurm/11_domain_parallel.sbatch: srun starts one domain group of 2 tasks (--domain-size =
+    """slurm/13_domain_parallel.sbatch: srun starts one domain group of 2 tasks (--domain-size =
     tasks per node), then 1 task evaluates the checkpoint: the same valid loss."""
     import json
     job = wait(batch[request.node.name], timeout=900)

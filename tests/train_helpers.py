@@ -1,4 +1,4 @@
-"""What the checks of exercises 07-10 share: runs of the script on the tiny data."""
+"""What the checks of exercises 08-12 share: runs of the script on the tiny data."""
 import json
 
 from tests.checks import last_error_line, require, task

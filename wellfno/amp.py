@@ -1,10 +1,10 @@
-"""Mixed precision for the FNO (exercise 08): can this device do it, and the FNO's two workarounds.
+"""Mixed precision for the FNO (exercise 09): can this device do it, and the FNO's two workarounds.
 
 `check_amp` refuses a precision the device cannot run as such: bf16 on a GPU or a CPU without
 bfloat16 units is emulated, and runs slower than float32. `spectral_convs_in_float32` and
-`ComplexGradsAsReal` are taught in solution 08 (`solutions/08_mixed_precision/fno.py`); later
+`ComplexGradsAsReal` are taught in solution 09 (`solutions/09_mixed_precision/fno.py`); later
 solutions import them from here
-(tests/test_drift.py: the same syntax trees as solution 08's).
+(tests/test_drift.py: the same syntax trees as solution 09's).
 """
 from __future__ import annotations
 

@@ -383,7 +383,7 @@ def validate(model, loader, device, loss_fn):
 
     wellfno.ranks.validate with the loss as an argument: with --domain-size, the whole sample's
     (every rank of a domain group adds the sample: sums and count domain_size times, same ratio).
-    Moved from solution 11 (tests/test_drift.py checks it is ranks.validate but for the loss).
+    Moved from solution 13 (tests/test_drift.py checks it is ranks.validate but for the loss).
     """
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples; no .item()

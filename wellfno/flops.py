@@ -272,7 +272,7 @@ def utilization(flops_per_sample: float, samples_per_s: float, peak: Peak, amp: 
 
 
 def utilization_line(efficiency: dict) -> str:
-    """Solution 09's line for `utilization`'s entries: achieved GFLOP/s, MFU of the devices' peak."""
+    """Solution 11's line for `utilization`'s entries: achieved GFLOP/s, MFU of the devices' peak."""
     mfu = efficiency["mfu"]
     return (f"{efficiency['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s achieved; MFU "
             f"{'unknown' if mfu is None else f'{100 * mfu:.2f}%'} of {efficiency['devices']} x "
@@ -296,7 +296,7 @@ def peak_table(cpu: Peak | None = None, include_cpu: bool = True) -> str:
 
 
 def efficiency_markdown(rows: list[dict]) -> str:
-    """The table of solutions/09_compile_mfu/benchmark.py: one row per idea, each against the row
+    """The table of solutions/11_compile/benchmark.py: one row per idea, each against the row
     it builds on (its speed-up is that idea's own); a skipped row's reason goes under the table."""
     lines = ["| row | samples/s | against | speed-up | GFLOP/s | MFU | peak used | "
              "peak memory (MiB) | compile (s) |",

@@ -126,7 +126,7 @@ def check_step_fits(model, batch_size: int, device: torch.device, available: int
 
 
 def peak_memory(device: torch.device) -> dict:
-    """metrics.json's peak memory entries (solution 08 on): the device's, or the process's on a CPU.
+    """metrics.json's peak memory entries (solution 09 on): the device's, or the process's on a CPU.
 
     On a GPU, torch's allocator peak (what low precision saves: activations kept for the backward);
     on a CPU, the process's max RSS (ru_maxrss: KiB on Linux, bytes on macOS).

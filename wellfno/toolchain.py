@@ -1,7 +1,7 @@
 """Is the toolchain a feature needs there? One `error:` line saying what to install, no traceback.
 
 `check_compiler`: torch.compile's inductor writes C++ kernels on the CPU and Triton kernels on a
-GPU (solution 09's --compile).
+GPU (solution 11's --compile).
 """
 from __future__ import annotations
 

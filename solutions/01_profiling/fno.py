@@ -99,7 +99,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
         with record_function("optimizer"):
             optimizer.step()
         # One read-back per step (on a GPU it waits for the step to finish), reused for the sum and
-        # the progress bar. Exercise 07 removes even this one.
+        # the progress bar. Exercise 08 removes even this one.
         loss_value = loss.item()
         total_loss += loss_value * len(x)
         samples, steps = samples + len(x), steps + 1

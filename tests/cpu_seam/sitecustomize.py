@@ -1,6 +1,6 @@
 """TEST ONLY: torch.cpu.get_capabilities() names the bf16 units of a recorded CPU, not this one's.
 
-Put on PYTHONPATH by tests (tests/test_08_mixed_precision.py: `as_cpu`; never by production code),
+Put on PYTHONPATH by tests (tests/test_09_mixed_precision.py: `as_cpu`; never by production code),
 with WELLFNO_CPU_SEAM_FLAGS set to a recorded CPU's /proc/cpuinfo flags (tests/fixtures/cpuinfo.py).
 Python imports this file at start-up; when the process imports torch, the capabilities that name
 bf16 units (wellfno.amp.CPU_BF16_UNITS) become the recorded CPU's, and every other capability stays

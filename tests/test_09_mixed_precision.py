@@ -1,0 +1,131 @@
+"""Exercise 09 check-your-work: mixed precision (bf16, fp16) for the FNO, tracking float32.
+
+    .venv/bin/python -m pytest -q tests/test_09_mixed_precision.py --script YOUR_SCRIPT
+
+Runs the script on the tiny generated data and compares low-precision runs with float32.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.checks import last_error_line, require, task
+from tests.conftest import REPO, run_script
+from tests.fixtures.cpuinfo import RECORDED
+from tests.train_helpers import RUN, per_step_losses, run_once, train
+from wellfno.amp import cpu_bf16_units, cpu_flags, cpuinfo_flags
+
+STEP = "09_mixed_precision"  # the cross-step matrix (tests/conftest.py) supplies `script`
+STEPS = ["--max-steps", "5", "--log-every", "1"]
+CPU_SEAM = REPO / "tests" / "cpu_seam"  # torch.cpu.get_capabilities() as on a recorded CPU
+
+
+def as_cpu(name: str) -> dict:
+    """The environment that runs a script as on the recorded CPU `name` for wellfno.amp's bf16
+    check (tests/cpu_seam/sitecustomize.py; tests/fixtures/cpuinfo.py)."""
+    return {"PYTHONPATH": str(CPU_SEAM), "WELLFNO_CPU_SEAM_FLAGS": " ".join(
+        sorted(cpuinfo_flags(RECORDED[name][1])))}
+
+
+def this_cpu_has_bf16_units() -> bool:
+    return bool(cpu_bf16_units(cpu_flags() or ()))
+
+
+# Tolerance for low precision: bf16 rounds each element to 8 significant bits (relative 2^-9 =
+# 2e-3),
+# fp16 to 11 (2^-12 = 2.4e-4); the convolutions accumulate in float32 and the spectral part stays
+# float32. The loss is a mean over 8 x 2 x 16 x 16 = 4096 elements whose rounding errors have mean
+# zero, so the loss moves far less than one element: measured on the tiny data over 5 steps,
+# at most 3.6e-5 (bf16) and 3.9e-6 (fp16) relative to float32. The bounds, 1e-3 and 1e-4, are half
+# of one element's rounding and 25x what was measured. The runs must also differ from float32, or
+# autocast did nothing.
+@pytest.mark.slow
+@pytest.mark.parametrize("amp, tolerance", [("bf16", 1e-3), ("fp16", 1e-4)])
+def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, tmp_path, amp,
+                                       tolerance):
+    """On a CPU without bf16 units the script refuses --amp bf16 (the next tests); there the bf16
+    run goes as on a recorded CPU with them (its bf16 check passes), because emulated bf16 rounds
+    as native bf16 does: the losses are what this test checks, not the speed. The float32
+    reference is one in-process run for both precisions (and the peak-memory check); so is each
+    low-precision run, but for the one that needs the recorded CPU's environment (a process)."""
+    reference = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS)[0])
+    fix = f"add --amp with autocast {task('08', 1)}" if amp == "bf16" else \
+        f"hand GradScaler the complex gradients as real views {task('08', 3)}"
+    if amp == "bf16" and not this_cpu_has_bf16_units():
+        low = per_step_losses(train(script, tiny_data_dir, tmp_path / amp, *STEPS, "--amp", amp,
+                                    fix=fix, env=as_cpu("intel_xeon_amx")))
+    else:
+        low = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS, "--amp",
+                                       amp)[0])
+    require(len(low) == len(reference) == 5, f"5 steps logged {len(reference)} float32 and "
+            f"{len(low)} {amp} losses (allowed: 5 each) {task('08', 1)}")
+    relative = [abs(a - b) / b for a, b in zip(low, reference)]
+    require(max(relative) < tolerance, f"--amp {amp}: the loss is {max(relative):.1e} (relative) "
+            f"from float32 (allowed: {tolerance:.0e}): keep the spectral convolutions float32 "
+            f"{task('08', 2)}")
+    require(max(relative) > 0, f"--amp {amp} gave exactly the float32 losses: autocast the forward "
+            f"pass {task('08', 1)}")
+
+# -- bf16 on a CPU: only with bf16 units (else emulated, slower than float32) ----------------------
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_cpu_bf16_units_from_recorded_cpuinfo(name):
+    source, text, has_units = RECORDED[name]
+    assert bool(cpu_bf16_units(cpuinfo_flags(text))) == has_units, source
+
+
+def test_this_cpu_bf16_units_as_proc_cpuinfo_says(monkeypatch):
+    """torch's capability query and the kernel's /proc/cpuinfo agree on this CPU's bf16 units;
+    without the query (older torch), /proc/cpuinfo is read."""
+    proc = Path("/proc/cpuinfo")
+    if not proc.is_file():
+        pytest.skip("no /proc/cpuinfo (not Linux)")
+    kernel = cpuinfo_flags(proc.read_text())
+    assert cpu_bf16_units(cpu_flags()) == cpu_bf16_units(kernel)
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    assert cpu_flags() == kernel
+
+
+def _assert_bf16_refused(result, out):
+    line = last_error_line(result.stderr)
+    one_line = len(result.stderr.strip().splitlines()) == 1
+    require(result.returncode == 2 and one_line and "no bfloat16 units" in line
+            and "--amp none" in line,
+            f"--amp bf16 on a CPU without bf16 units must stop with one error line naming --amp none "
+            f"and exit 2, got exit {result.returncode}: {line}; call check_amp(args.amp, device) "
+            f"first {task('08', 1)}")
+    require(not out.exists(), f"--amp bf16 was refused but {out.name}/ was written: check --amp "
+                              f"before creating the output folder {task('08', 1)}")
+
+
+@pytest.mark.parametrize("cpu", ["amd_epyc_7763", "intel_xeon_8259cl"])
+def test_bf16_on_a_cpu_without_bf16_units_is_one_line_error(script, tiny_data_dir, tmp_path, cpu):
+    """The real script, as on an AVX2-only EPYC and on an AVX-512 Xeon without AVX512_BF16."""
+    out = tmp_path / "out"
+    result = run_script(script, "--data-dir", tiny_data_dir, "--out", out, *RUN, "--amp", "bf16",
+                        "--device", "cpu", env=as_cpu(cpu))
+    _assert_bf16_refused(result, out)
+
+
+def test_bf16_refused_here_if_this_cpu_has_no_bf16_units(script, tiny_data_dir, tmp_path):
+    if this_cpu_has_bf16_units():
+        pytest.skip(f"this CPU has {', '.join(cpu_bf16_units(cpu_flags()))}: bf16 runs here")
+    out = tmp_path / "out"
+    result = run_script(script, "--data-dir", tiny_data_dir, "--out", out, *RUN, "--amp", "bf16",
+                        "--device", "cpu")
+    _assert_bf16_refused(result, out)
+
+
+@pytest.mark.slow
+def test_metrics_record_the_peak_memory(script, tiny_data_dir, finished_run):
+    metrics = run_once(finished_run, script, tiny_data_dir, *STEPS)[0]  # the float32 reference
+    peak = metrics.get("peak_memory_bytes")
+    require(isinstance(peak, (int, float)) and peak > 0 and metrics.get("peak_memory_of"),
+            f"metrics.json has peak_memory_bytes {peak} and peak_memory_of "
+            f"{metrics.get('peak_memory_of')!r} (allowed: a positive byte count, and what it "
+            f"measured) {task('08', 4)}")
+
+
+# This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
+# (DESIGN.md), where the jobs run side by side:
+# test_slurm_08_runs_each_precision.
