@@ -11,8 +11,8 @@ the job really did: its final state (COMPLETED), the files in its run folder,
 the statistics against the serial program, the CPU masks against Slurm's own
 cpu-bind report.
 
-The jobs, and what each proves (all but the requeue job and gpu_select's sruns are submitted
-together, `batch`, and run side by side on the two nodes):
+The jobs, and what each proves (all but gpu_select's sruns are submitted together with the
+other Slurm modules' jobs, `batch`, and run side by side on the two nodes):
 - 00_baseline on an empty data folder: the data is generated, the baseline trains (5 steps);
 - 04_stats (srun -n 2) and 04_stats_torchrun (2 workers): statistics equal to the serial one;
 - 03_affinity_report with 2 x 1 and 1 x 2 CPUs: each rank's CPUs are the mask Slurm applied;
@@ -84,15 +84,33 @@ def slurm_cluster() -> dict:
     return {"nodes": nodes}
 
 
+# Pytest makes a session-scoped fixture once per module that imports it (tests/test_slurm_*.py
+# import these from here: tests/conftest.py is not theirs), so what must exist once per session
+# (the data, the serial statistics, the batch of jobs) is kept here, by fixture name.
+_ONCE: dict = {}
+
+
 @pytest.fixture(scope="session")
 def slurm_data(tmp_path_factory) -> Path:
     """WELL_DATA with the tiny embedded dataset, generated once per session."""
+    if "slurm_data" not in _ONCE:
+        _ONCE["slurm_data"] = _generate_data(tmp_path_factory)
+    return _ONCE["slurm_data"]
+
+
+def _generate_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slurm_well_data")
     r = subprocess.run([sys.executable, "-m", "wellfno.grayscott", "--data-dir", str(root),
                         "--size", "tiny"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"generating tiny data failed:\n{r.stdout}\n{r.stderr}"
     assert (root / "datasets" / DATASET / "data").is_dir()
     return root
+
+
+# 10 input frames of the tiny data's 12 per trajectory: 2 samples a trajectory (8 to train on), so
+# the validation and rollout that end every training are a few model calls, not ~30: half the CPU
+# time of a short run. For jobs whose checks do not need more training samples.
+SHORT_VALIDATION = ("--n-steps-input", "10")
 
 
 def job_env(run_root: Path, well_data: Path, **extra: str) -> dict:
@@ -390,13 +408,25 @@ def batch(request, slurm_cluster, slurm_data, tmp_path_factory):
 
     def can(gpus, nodes):
         return len(usable) >= nodes and per_node >= gpus
-    yield from submit_batch(request, BATCH, tmp_path_factory, can, data=slurm_data)
+    if "batch" in _ONCE:  # submitted by another module's instance of this fixture
+        yield _ONCE["batch"]
+        return
+    submitting = submit_batch(request, BATCH, tmp_path_factory, can, data=slurm_data)
+    _ONCE["batch"] = next(submitting)
+    yield _ONCE["batch"]
+    next(submitting, None)  # cancels what is left
 
 
 @pytest.fixture(scope="session")
 def serial_stats(slurm_data, tmp_path_factory) -> Path:
     """stats.yaml of the serial program (stats.py) on the tiny dataset: what every distributed
     statistics job must give, computed once."""
+    if "serial_stats" not in _ONCE:
+        _ONCE["serial_stats"] = _serial_stats(slurm_data, tmp_path_factory)
+    return _ONCE["serial_stats"]
+
+
+def _serial_stats(slurm_data, tmp_path_factory) -> Path:
     need("stats.py")
     out = tmp_path_factory.mktemp("serial_stats") / "stats.yaml"
     r = subprocess.run([sys.executable, "stats.py", str(slurm_data / "datasets" / DATASET),
@@ -408,7 +438,7 @@ def serial_stats(slurm_data, tmp_path_factory) -> Path:
 @batched("test_slurm_baseline_trains_and_writes_results", seconds=40)
 def _baseline(root, data):
     well_data, run_root = root / "data", root / "runs"  # an EMPTY data folder
-    return sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
+    return sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5", *SHORT_VALIDATION,
                   env=job_env(run_root, well_data), run_root=run_root), well_data
 
 
@@ -941,8 +971,9 @@ def test_slurm_06_two_tasks_then_one_task_evaluates(batch, request):
 @batched("test_slurm_07_counts_the_syncs_per_step", seconds=85)
 def _host_syncs(root, data):
     # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's own: 20)
-    return sbatch("08_host_syncs.sbatch", "--batch-size", "2", "--max-steps", "7",
-                  env=job_env(root / "runs", data), run_root=root / "runs")
+    # batch 1: the 8 samples of SHORT_VALIDATION's data are 8 steps an epoch
+    return sbatch("08_host_syncs.sbatch", "--batch-size", "1", "--max-steps", "7",
+                  *SHORT_VALIDATION, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
@@ -958,7 +989,7 @@ def test_slurm_07_counts_the_syncs_per_step(batch, request):
 @batched("test_slurm_08_runs_each_precision", seconds=85)
 def _mixed_precision(root, data):
     return sbatch("09_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
-                  env=job_env(root / "runs", data), run_root=root / "runs")
+                  *SHORT_VALIDATION, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow

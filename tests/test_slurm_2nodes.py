@@ -14,7 +14,7 @@ nodes, never speed. Each multi-node run is checked against one node or one rank:
   a job that needs more nodes than its partition has, an unresolvable node list.
 Without a cluster of two nodes these tests skip on a laptop and FAIL in CI (CI=true).
 
-The jobs, and what each proves (the first four are submitted together, `batch`):
+The jobs, and what each proves (the first four join the session's `batch`, tests/test_slurm.py):
 - 04_stats_2nodes: srun and torchrun statistics across nodes equal the serial ones, bit for bit;
 - 06_exact_metrics_2nodes (submit_all.sh --with-2nodes, 3 steps of 4 ranks x 2): placement by
   node and local rank, parameters equal to 1 rank x 8, validation and rollout equal to 1 task;

@@ -152,7 +152,7 @@ MODES_JOB = r"""#!/bin/bash
 . "$WELLFNO_ROOT/slurm/common.sh"
 seam="$WELLFNO_GPU_SEAM"
 prog=(solutions/05_ddp/fno.py --dataset "$DATASET" --data-dir "$WELL_DATA" --device cuda --bind none
-      --epochs 1 --max-steps 1 --batch-size 2)
+      --epochs 1 --max-steps 1 --batch-size 2 --n-steps-input 10)  # few samples to load
 for vendor in nvidia amd; do
   export GPU_VENDOR=$vendor WELLFNO_GPU_SEAM_PCI="$(eval echo \$PCI_$vendor)"
   # --gpus-per-task=1 (launch_gpu, site.env's default)
