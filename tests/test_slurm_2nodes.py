@@ -207,7 +207,7 @@ def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, batch, request):
     job, one_rank, ref = batch[request.node.name]
     out, _ = one_rank.communicate(timeout=600)
     assert one_rank.returncode == 0, out[-4000:]
-    job = wait(batch[request.node.name], timeout=600)
+    wait(job, timeout=600)
     job.assert_completed()
     log = job.out.read_text()
     ranks = report_lines(log)
