@@ -11,8 +11,8 @@ the job really did: its final state (COMPLETED), the files in its run folder,
 the statistics against the serial program, the CPU masks against Slurm's own
 cpu-bind report.
 
-The jobs, and what each proves (all but the requeue job and gpu_select's sruns are submitted
-together, `batch`, and run side by side on the two nodes):
+The jobs, and what each proves (all but gpu_select's sruns are submitted together with the
+other Slurm modules' jobs, `batch`, and run side by side on the two nodes):
 - 00_baseline on an empty data folder: the data is generated, the baseline trains (5 steps);
 - 04_stats (srun -n 2) and 04_stats_torchrun (2 workers): statistics equal to the serial one;
 - 03_affinity_report with 2 x 1 and 1 x 2 CPUs: each rank's CPUs are the mask Slurm applied;
@@ -36,6 +36,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,15 +84,33 @@ def slurm_cluster() -> dict:
     return {"nodes": nodes}
 
 
+# Pytest makes a session-scoped fixture once per module that imports it (tests/test_slurm_*.py
+# import these from here: tests/conftest.py is not theirs), so what must exist once per session
+# (the data, the serial statistics, the batch of jobs) is kept here, by fixture name.
+_ONCE: dict = {}
+
+
 @pytest.fixture(scope="session")
 def slurm_data(tmp_path_factory) -> Path:
     """WELL_DATA with the tiny embedded dataset, generated once per session."""
+    if "slurm_data" not in _ONCE:
+        _ONCE["slurm_data"] = _generate_data(tmp_path_factory)
+    return _ONCE["slurm_data"]
+
+
+def _generate_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slurm_well_data")
     r = subprocess.run([sys.executable, "-m", "wellfno.grayscott", "--data-dir", str(root),
                         "--size", "tiny"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"generating tiny data failed:\n{r.stdout}\n{r.stderr}"
     assert (root / "datasets" / DATASET / "data").is_dir()
     return root
+
+
+# 10 input frames of the tiny data's 12 per trajectory: 2 samples a trajectory (8 to train on), so
+# the validation and rollout that end every training are a few model calls, not ~30: half the CPU
+# time of a short run. For jobs whose checks do not need more training samples.
+SHORT_VALIDATION = ("--n-steps-input", "10")
 
 
 def job_env(run_root: Path, well_data: Path, **extra: str) -> dict:
@@ -179,19 +198,42 @@ def run_job(script: str, *args: str, env: dict, run_root: Path, sbatch_opts=(), 
     return wait(sbatch(script, *args, env=env, run_root=run_root, sbatch_opts=sbatch_opts), timeout)
 
 
-# --------------------------------------------------------------------------- a batch of jobs
-# A module's jobs that share nothing are submitted together, when its first test needs them
-# (`submit_batch` in a module-scoped fixture): Slurm runs them side by side on the two nodes, so
-# both cores work while a test waits, the queue never idles between tests, and each test waits
-# only for its own jobs. Only the selected tests' jobs are submitted (`pytest -k` works), and
-# whatever a failed test did not wait for is cancelled when the module ends.
-def submit_batch(request, table: dict, tmp_path_factory, **kwargs):
-    """{test id: what table[test id](root, **kwargs) submitted} for this module's selected tests;
-    a generator for a fixture: yields that dict, cancels the jobs in it at the end."""
-    selected = {item.name for item in request.session.items if item.module is request.module}
+# --------------------------------------------------------------------------- the session's batch
+# Every job of every Slurm test module that shares nothing with the others is submitted at once,
+# when the first test that needs one runs (`batch`, a session-scoped fixture; each module registers
+# its jobs with `batched`): Slurm runs them side by side on the two nodes, so both cores work while
+# a test waits, the queue never idles between tests or modules, and each test waits only for its
+# own jobs. Submission order is Slurm's start order (priority/basic: first come, first served):
+# the job a test signals while it runs first, then the one-node jobs, longest first (the last
+# one to end bounds the batch), then the jobs that take both nodes (a job that needs both waits
+# until both are free; jobs behind it wait too). Only the selected tests' jobs are submitted
+# (`pytest -k` works), and whatever a failed test did not wait for is cancelled at the end.
+BATCH: dict = {}     # test id -> (order key, what it needs, submit(root, data))
+SIGNALLED, ONE_NODE, BOTH_NODES = 0, 1, 2
+
+
+def batched(test_id: str, gpus: int = 0, nodes: int = 1, seconds: float = 10,
+            order: int = ONE_NODE, **params):
+    """Register `submit(root, data, **params)` as what test `test_id` submits (stackable).
+    gpus: stand-in GPUs per node it needs (not submitted on a cluster without them); nodes: 2
+    for jobs that take both nodes (submitted last); seconds: about how long it runs on the
+    loaded 2-core machine (longest first)."""
+    def register(submit):
+        assert test_id not in BATCH, f"two submissions registered for {test_id}"
+        key = (BOTH_NODES if nodes > 1 else order, -seconds)
+        BATCH[test_id] = (key, dict(gpus=gpus, nodes=nodes), functools.partial(submit, **params))
+        return submit
+    return register
+
+
+def submit_batch(request, table: dict, tmp_path_factory, can, **kwargs):
+    """{test id: what its submit(root, **kwargs) submitted} for the session's selected tests that
+    the cluster `can` run, in their order; a generator for a fixture: yields that dict, cancels
+    the jobs in it at the end."""
+    selected = {item.name for item in request.session.items}
     submitted = {}
-    for name, submit in table.items():
-        if name in selected:
+    for name, (_, needs, submit) in sorted(table.items(), key=lambda kv: kv[1][0]):
+        if name in selected and can(**needs):
             root = tmp_path_factory.mktemp(re.sub(r"\W+", "_", name)[:40])
             submitted[name] = submit(root, **kwargs)
     yield submitted
@@ -352,38 +394,39 @@ def test_slurm_every_job_script_has_a_line_in_submit_all(tmp_path):
     assert r.returncode == 2 and "no submitted step starts with '99'" in r.stderr
 
 
-# --------------------------------------------------------------------------- the batch
-# What each test below submits, by test id (see submit_batch): every job of this module but
-# the dry runs' and gpu_select's sruns. Each runs the real job script on tiny data.
-BATCH: dict = {}
-NEEDS_GPUS: set = set()  # submitted only where the cluster has stand-in GPUs
-
-
-def batched(test_id: str, gpus: bool = False, **params):
-    """Register `submit(root, data, **params)` as what test `test_id` submits (stackable)."""
-    def register(submit):
-        BATCH[test_id] = functools.partial(submit, **params)
-        if gpus:
-            NEEDS_GPUS.add(test_id)
-        return submit
-    return register
-
-
-def _gpu_count() -> int:
+def _gpus_per_node() -> int:
     r = _cmd("sinfo", "-h", "-N", "-o", "%G")
-    return sum(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", r.stdout))
+    return min((int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", r.stdout)), default=0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def batch(request, slurm_cluster, slurm_data, tmp_path_factory):
-    table = BATCH if _gpu_count() >= 2 else {k: v for k, v in BATCH.items() if k not in NEEDS_GPUS}
-    yield from submit_batch(request, table, tmp_path_factory, data=slurm_data)
+    """The session's batch (see `batched`): {test id: what it submitted}."""
+    usable = {n for n, state, *_ in slurm_cluster["nodes"]
+              if state.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")}
+    per_node = _gpus_per_node()
+
+    def can(gpus, nodes):
+        return len(usable) >= nodes and per_node >= gpus
+    if "batch" in _ONCE:  # submitted by another module's instance of this fixture
+        yield _ONCE["batch"]
+        return
+    submitting = submit_batch(request, BATCH, tmp_path_factory, can, data=slurm_data)
+    _ONCE["batch"] = next(submitting)
+    yield _ONCE["batch"]
+    next(submitting, None)  # cancels what is left
 
 
 @pytest.fixture(scope="session")
 def serial_stats(slurm_data, tmp_path_factory) -> Path:
     """stats.yaml of the serial program (stats.py) on the tiny dataset: what every distributed
     statistics job must give, computed once."""
+    if "serial_stats" not in _ONCE:
+        _ONCE["serial_stats"] = _serial_stats(slurm_data, tmp_path_factory)
+    return _ONCE["serial_stats"]
+
+
+def _serial_stats(slurm_data, tmp_path_factory) -> Path:
     need("stats.py")
     out = tmp_path_factory.mktemp("serial_stats") / "stats.yaml"
     r = subprocess.run([sys.executable, "stats.py", str(slurm_data / "datasets" / DATASET),
@@ -392,10 +435,10 @@ def serial_stats(slurm_data, tmp_path_factory) -> Path:
     return out
 
 
-@batched("test_slurm_baseline_trains_and_writes_results")
+@batched("test_slurm_baseline_trains_and_writes_results", seconds=40)
 def _baseline(root, data):
     well_data, run_root = root / "data", root / "runs"  # an EMPTY data folder
-    return sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
+    return sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5", *SHORT_VALIDATION,
                   env=job_env(run_root, well_data), run_root=run_root), well_data
 
 
@@ -474,7 +517,7 @@ def test_slurm_affinity_report_shows_slurm_masks(batch, request, ntasks, cpus_pe
         assert not set.intersection(*seen.values()), "ranks share cores under --cpu-bind=cores"
 
 
-@batched("test_slurm_bad_site_settings_fail_in_one_line")
+@batched("test_slurm_bad_site_settings_fail_in_one_line", seconds=1)
 def _bad_site(tmp_path, data):
     slurm_data = data
     run_root = tmp_path / "runs"
@@ -507,50 +550,75 @@ def test_slurm_bad_site_settings_fail_in_one_line(batch, request):
         assert len(errors) == 1 and needle in errors[0], f"expected one error line about {needle}\n{job.logs()}"
 
 
-def test_slurm_baseline_requeues_itself_near_time_limit(batch, slurm_data, tmp_path):
-    """The signal Slurm sends before the time limit (--signal=B:USR1@...) makes the
-    baseline job requeue itself under the same id, so it finds its run folder again.
-    (Slurm holds a requeued job ~2 minutes before it may start again: the test stops there.)
-    Not in the batch: it must be signalled while it trains."""
-    need("fno.py")
-    run_root = tmp_path / "runs"
-    job = sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
-                 env=job_env(run_root, slurm_data), run_root=run_root)
+def _signal_while_it_trains(job: Job) -> str | None:
+    """Send the job the baseline's requeue signal while its training step runs; None once it is
+    requeued under its id (then cancelled: Slurm holds a requeued job ~2 minutes before it may
+    start again), else what went wrong. Runs in a thread beside the batch (see _requeue)."""
     try:
-        deadline = time.monotonic() + 600  # it may wait for a node behind the batch's other jobs
+        deadline = time.monotonic() + 300  # first in the queue: it starts at once
         while time.monotonic() < deadline:
             job.state, _ = job_state(job.id)
             if job.state != "PENDING":
                 break
             time.sleep(POLL_S)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # the training step runs: the trap is set
             steps = _cmd("squeue", "-h", "-s", "-j", job.id, "-o", "%i").stdout.split()
             if f"{job.id}.0" in steps:  # not just the .batch/.extern steps
                 break
             job.state, _ = job_state(job.id)
-            assert job.state not in TERMINAL, f"job ended {job.state} before it could be signalled\n{job.logs()}"
+            if job.state in TERMINAL:
+                return f"job ended {job.state} before it could be signalled\n{job.logs()}"
             time.sleep(POLL_S)
         else:
-            pytest.fail(f"job {job.id} never started its training step\n{job.logs()}")
+            return f"job {job.id} never started its training step\n{job.logs()}"
         r = _cmd("scancel", "--batch", "--signal=USR1", job.id)
-        assert r.returncode == 0, r.stderr
+        if r.returncode != 0:
+            return f"scancel --signal=USR1 failed: {r.stderr}"
         deadline = time.monotonic() + 60
         info = ""
         while time.monotonic() < deadline:
             info = _cmd("scontrol", "show", "job", "-o", job.id).stdout
             if re.search(r"Restarts=1\b", info) and re.search(r"JobState=(PENDING|REQUEUED)", info):
-                break
+                return None
             time.sleep(POLL_S)
-        else:
-            pytest.fail(f"job {job.id} was not requeued: {info}\n{job.logs()}")
-        assert "requeueing job" in job.err.read_text()
-        assert job.run_dir.is_dir()
+        return f"job {job.id} was not requeued: {info}\n{job.logs()}"
     finally:
         _cmd("scancel", job.id)
+        job.state = "CANCELLED"
 
 
-@batched("test_slurm_profiling_writes_trace_summary_and_timeline")
+@batched("test_slurm_baseline_requeues_itself_near_time_limit", order=SIGNALLED)
+def _requeue(root, data):
+    """Submitted before every other job of the session (the first in Slurm's queue, so it starts
+    at once), and signalled by a thread while the rest of the batch runs: neither its start nor
+    the signal waits behind the batch."""
+    run_root = root / "runs"
+    job = sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5",
+                 env=job_env(run_root, data), run_root=run_root)
+    outcome: dict = {}
+    watcher = threading.Thread(target=lambda: outcome.update(failure=_signal_while_it_trains(job)),
+                               daemon=True, name=f"requeue-{job.id}")
+    watcher.start()
+    return job, watcher, outcome
+
+
+def test_slurm_baseline_requeues_itself_near_time_limit(batch, request):
+    """The signal Slurm sends before the time limit (--signal=B:USR1@...) makes the
+    baseline job requeue itself under the same id, so it finds its run folder again.
+    (Slurm holds a requeued job ~2 minutes before it may start again: the test stops there.)
+    Signalled while it trains, by a thread started when the batch was submitted."""
+    need("fno.py")
+    job, watcher, outcome = batch[request.node.name]
+    watcher.join(timeout=600)
+    assert not watcher.is_alive(), f"job {job.id}: still watching it after 600 s\n{job.logs()}"
+    if outcome["failure"]:
+        pytest.fail(outcome["failure"])
+    assert "requeueing job" in job.err.read_text(), job.logs()
+    assert job.run_dir.is_dir()
+
+
+@batched("test_slurm_profiling_writes_trace_summary_and_timeline", seconds=40)
 def _profiling(root, data):
     run_root = root / "runs"
     return sbatch("01_profiling.sbatch", "--max-steps", "8", "--batch-size", "4",
@@ -573,7 +641,7 @@ def test_slurm_profiling_writes_trace_summary_and_timeline(batch, request):
     assert "forward" in (job.run_dir / "profile_summary.txt").read_text()
 
 
-@batched("test_slurm_throughput_sweep_writes_its_table")
+@batched("test_slurm_throughput_sweep_writes_its_table", seconds=30)
 def _throughput(root, data):
     run_root = root / "runs"
     return sbatch("02_throughput.sbatch", "--workers", "0,1", "--readers", "fast",
@@ -595,7 +663,7 @@ def test_slurm_throughput_sweep_writes_its_table(batch, request):
     assert (job.run_dir / "throughput.csv").is_file() and (job.run_dir / "throughput.png").is_file()
 
 
-@batched("test_slurm_affinity_train_binds_each_rank_and_its_workers")
+@batched("test_slurm_affinity_train_binds_each_rank_and_its_workers", seconds=35)
 def _affinity_train(root, data):
     run_root = root / "runs"
     return sbatch("03_affinity_train.sbatch", "--epochs", "1", "--max-steps", "1",
@@ -678,7 +746,7 @@ def _gpu_ids(rec: dict, vendor: str) -> list[str]:
     return value.split(",") if value else []
 
 
-@batched("test_slurm_every_job_hands_each_task_its_devices", gpus=True)
+@batched("test_slurm_every_job_hands_each_task_its_devices", gpus=2, seconds=20)
 def _every_job(tmp_path, data):
     sites = {}
     for vendor in ("nvidia", "amd", "none"):
@@ -761,11 +829,12 @@ def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
     """srun the real slurm/gpu_select.sh in front of the probe; one record per task."""
     out = tmp_path / f"probe{len(list(tmp_path.glob('probe*')))}"
     env = job_env(tmp_path / "runs", tmp_path, WELLFNO_PROBE=str(out), **env_extra)
-    # -N1: on the two-node test cluster srun may otherwise spread the tasks over both nodes
+    # -N1: on the two-node test cluster srun may otherwise spread the tasks over both nodes.
+    # timeout: the step may wait in the queue behind the session's batch.
     r = subprocess.run(["srun", "--time=2", "-N1", *srun_opts,
                         "bash", str(SLURM_DIR / "gpu_select.sh"),
                         sys.executable, str(SLURM_DIR / "ci" / "probe_task.py")],
-                       env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     recs = [__import__("json").loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     recs.sort(key=lambda x: int(x["env"]["SLURM_PROCID"]))
@@ -797,7 +866,8 @@ def test_slurm_gpu_select_keeps_what_slurm_set(slurm_gpus, tmp_path):
     assert [r["env"].get("CUDA_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
 
 
-@batched("test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu", gpus=True)
+@batched("test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu", gpus=2,
+         seconds=20)
 def _gpu_check(tmp_path, data):
     small = ("--steps", "2", "--batch-size", "2", "--grid", "8")
     cpu_root, gpu_root = tmp_path / "cpu", tmp_path / "gpu"
@@ -838,7 +908,7 @@ def test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu(
         f"the task did not get its stand-in GPU: {visible}"
 
 
-@batched("test_slurm_gpu_site_job_without_gpus_fails_in_one_line", gpus=True)
+@batched("test_slurm_gpu_site_job_without_gpus_fails_in_one_line", gpus=2, seconds=1)
 def _gpu_site_without_gpus(tmp_path, data):
     run_root = tmp_path / "runs"
     env = job_env(run_root, data, GPU_VENDOR="nvidia", GPUS_PER_NODE="2")
@@ -857,7 +927,7 @@ def test_slurm_gpu_site_job_without_gpus_fails_in_one_line(slurm_gpus, batch, re
 # --------------------------------------------------------------------------- the course's steps
 # One job of each later step's script (moved here from tests/test_NN_*.py: DESIGN.md puts a job
 # script's test in this file), in the batch: they run beside the jobs above.
-@batched("test_slurm_05_ddp_two_tasks")
+@batched("test_slurm_05_ddp_two_tasks", seconds=30)
 def _ddp(root, data):
     return sbatch("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10",
                   "--seed", "3", env=job_env(root / "runs", data), run_root=root / "runs")
@@ -875,7 +945,7 @@ def test_slurm_05_ddp_two_tasks(batch, request):
     assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log
 
 
-@batched("test_slurm_06_two_tasks_then_one_task_evaluates")
+@batched("test_slurm_06_two_tasks_then_one_task_evaluates", seconds=45)
 def _exact_metrics(root, data):
     return sbatch("06_exact_metrics.sbatch", "--epochs", "1", "--batch-size", "2",
                   "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
@@ -898,11 +968,12 @@ def test_slurm_06_two_tasks_then_one_task_evaluates(batch, request):
     assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in job.logs()
 
 
-@batched("test_slurm_07_counts_the_syncs_per_step")
+@batched("test_slurm_07_counts_the_syncs_per_step", seconds=85)
 def _host_syncs(root, data):
     # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's own: 20)
-    return sbatch("08_host_syncs.sbatch", "--batch-size", "2", "--max-steps", "7",
-                  env=job_env(root / "runs", data), run_root=root / "runs")
+    # batch 1: the 8 samples of SHORT_VALIDATION's data are 8 steps an epoch
+    return sbatch("08_host_syncs.sbatch", "--batch-size", "1", "--max-steps", "7",
+                  *SHORT_VALIDATION, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
@@ -915,10 +986,10 @@ def test_slurm_07_counts_the_syncs_per_step(batch, request):
     assert "--log-every 1: host syncs per traced step [1, 1, 1, 1, 1]" in out, out[-2000:]
 
 
-@batched("test_slurm_08_runs_each_precision")
+@batched("test_slurm_08_runs_each_precision", seconds=85)
 def _mixed_precision(root, data):
     return sbatch("09_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
-                  env=job_env(root / "runs", data), run_root=root / "runs")
+                  *SHORT_VALIDATION, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
@@ -935,10 +1006,12 @@ def test_slurm_08_runs_each_precision(batch, request):
     assert job.out.read_text().count("peak memory") == len(amps)
 
 
-@batched("test_slurm_efficiency_job_writes_its_table")
+@batched("test_slurm_efficiency_job_writes_its_table", seconds=60)
 def _efficiency(root, data):
-    return sbatch("11_compile.sbatch", "--steps", "2", "--no-compile", "--width", "8",
-                  "--batch-size", "4", env=job_env(root / "runs", data), run_root=root / "runs")
+    # one round (--repeats 1): the job's table, not the best of three measurements
+    return sbatch("11_compile.sbatch", "--steps", "2", "--repeats", "1", "--no-compile",
+                  "--width", "8", "--batch-size", "4", env=job_env(root / "runs", data),
+                  run_root=root / "runs")
 
 
 @pytest.mark.slow
@@ -960,7 +1033,8 @@ def test_slurm_efficiency_job_writes_its_table(batch, request):
     assert "no vendor profiler run" in job.out.read_text()
 
 
-@batched("test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates")
+@batched("test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates",
+         seconds=30)
 def _domain_parallel(root, data):
     return sbatch("13_domain_parallel.sbatch", "--epochs", "1", "--batch-size", "2",
                   "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),

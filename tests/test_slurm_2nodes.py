@@ -14,7 +14,7 @@ nodes, never speed. Each multi-node run is checked against one node or one rank:
   a job that needs more nodes than its partition has, an unresolvable node list.
 Without a cluster of two nodes these tests skip on a laptop and FAIL in CI (CI=true).
 
-The jobs, and what each proves (the first four are submitted together, `batch`):
+The jobs, and what each proves (the first four join the session's `batch`, tests/test_slurm.py):
 - 04_stats_2nodes: srun and torchrun statistics across nodes equal the serial ones, bit for bit;
 - 07_failures_2nodes (submit_all.sh --with-2nodes, 3 steps of 4 ranks x 2): placement by
   node and local rank, parameters equal to 1 rank x 8, validation and rollout equal to 1 task;
@@ -45,8 +45,12 @@ import torch
 from tests.test_slurm import (
     REPO,
     SLURM_DIR,
+    TERMINAL,
     _probes,
+    _jobs_in,
     _submit_all,
+    batch,  # noqa: F401
+    batched,
     error_lines,
     job_env,  # noqa: F401
     job_state,
@@ -55,7 +59,6 @@ from tests.test_slurm import (
     serial_stats,  # noqa: F401
     slurm_cluster,
     slurm_data,
-    submit_batch,
     wait,
 )
 
@@ -100,23 +103,10 @@ def two_nodes(slurm_cluster) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the batch
-# The two-node jobs that run to their end (statistics, DDP, GPU placement, scaling) are submitted
-# together when the first of them is needed (tests/test_slurm.py, submit_batch): each fills both
-# nodes, so Slurm runs them one after the other with no gap, while this process computes the
-# one-node references they are checked against. The fault tests submit their own jobs, alone.
-BATCH: dict = {}
-
-
-def batched(test_id: str):
-    def register(submit):
-        BATCH[test_id] = submit
-        return submit
-    return register
-
-
-@pytest.fixture(scope="module")
-def batch(request, two_nodes, slurm_data, tmp_path_factory):
-    yield from submit_batch(request, BATCH, tmp_path_factory, data=slurm_data)
+# The two-node jobs that run to their end (statistics, DDP, GPU placement, scaling) join the
+# session's batch (tests/test_slurm.py, `batched`): each takes both nodes, so Slurm runs them one
+# after the other once the one-node jobs are done, with no gap, and the one-rank reference they are
+# checked against runs beside them. The fault tests submit their own jobs, alone.
 
 
 def all_error_lines(text: str) -> list[str]:
@@ -148,7 +138,7 @@ def worst_relative_difference(a: dict, b: dict) -> float:
 
 
 # --------------------------------------------------------------------------- statistics
-@batched("test_slurm_2nodes_stats_bit_for_bit_on_both_nodes")
+@batched("test_slurm_2nodes_stats_bit_for_bit_on_both_nodes", nodes=2, seconds=20)
 def _stats(root, data):
     run_root = root / "runs"
     return sbatch("04_stats_2nodes.sbatch", env=job_env(run_root, data), run_root=run_root)
@@ -187,48 +177,37 @@ def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(
 
 
 # --------------------------------------------------------------------------- training
-@batched("test_slurm_2nodes_ddp_equals_one_rank")
+@batched("test_slurm_2nodes_ddp_equals_one_rank", nodes=2, seconds=35)
 def _ddp(root, data):
     (job,) = _submit_all(
         job_env(root / "runs", data),
         "--with-2nodes", "--args", f"07_failures_2nodes={' '.join(TRAIN)}",
         "07_failures_2nodes",
     )
-    return job
+    # The reference: one rank with the global batch, outside Slurm, started now so that it runs
+    # beside the batch's jobs instead of after them.
+    ref = root / "one_rank"
+    one_rank = subprocess.Popen(
+        [sys.executable, DDP, "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
+         "--batch-size", "8", "--seed", "0", "--bind", "none"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        | {"OMP_NUM_THREADS": "1"},
+    )
+    return job, one_rank, ref
 
 
-def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, batch, request, slurm_data, tmp_path):
+def test_slurm_2nodes_ddp_equals_one_rank(two_nodes, batch, request):
     """07_failures_2nodes through submit_all.sh --with-2nodes on a CPU site: ranks 0, 1 on the first
     node and 2, 3 (local ranks 0, 1) on the second, by the program's own report; after 3 steps
     the parameters of 4 ranks x 2 equal those of 1 rank x 8 (within 1e-5: the same sums in
     another order); one task evaluating the checkpoint finds the 4 ranks' validation loss and
     rollout errors."""
     first, second = two_nodes
-    ref = tmp_path / "one_rank"
-    r = subprocess.run(
-        [
-            sys.executable,
-            DDP,
-            "--data-dir",
-            str(slurm_data),
-            "--out",
-            str(ref),
-            *TRAIN[:-4],
-            "--batch-size",
-            "8",
-            "--seed",
-            "0",
-            "--bind",
-            "none",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    job = wait(batch[request.node.name], timeout=600)
+    job, one_rank, ref = batch[request.node.name]
+    out, _ = one_rank.communicate(timeout=600)
+    assert one_rank.returncode == 0, out[-4000:]
+    wait(job, timeout=600)
     job.assert_completed()
     log = job.out.read_text()
     ranks = report_lines(log)
@@ -270,7 +249,7 @@ def _driven_gpu(rec: dict, vendor: str) -> str:
     return visible[0] if len(visible) == 1 else visible[int(rec["env"]["SLURM_LOCALID"])]
 
 
-@batched("test_slurm_2nodes_gpu_job_places_ranks_per_node")
+@batched("test_slurm_2nodes_gpu_job_places_ranks_per_node", nodes=2, gpus=2, seconds=2)
 def _gpu_placement(tmp_path, data):
     sites = {}
     for vendor in ("nvidia", "amd"):
@@ -319,7 +298,7 @@ def test_slurm_2nodes_gpu_job_places_ranks_per_node(two_nodes, batch, request):
         assert _driven_gpu(one, vendor) in ("0", "1") and "--eval-only" in one["argv"]
 
 
-@batched("test_slurm_2nodes_scaling_places_each_point_on_its_nodes")
+@batched("test_slurm_2nodes_scaling_places_each_point_on_its_nodes", nodes=2, seconds=50)
 def _scaling(tmp_path, data):
     slurm_data = data
     out = tmp_path / "scaling"
@@ -383,11 +362,15 @@ def _node_processes(node: str, jobid: str) -> tuple[int, list[int]]:
 @pytest.mark.skipif(
     os.geteuid() != 0, reason="kills and restarts a slurmd of the test cluster: needs root"
 )
-def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(two_nodes, slurm_data, tmp_path):
+def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(
+        two_nodes, slurm_data, tmp_path, batch):
     """The second node dies in the middle of epoch 2 (its slurmd and the job's tasks there killed):
     the job ends within 30 s, one line names the rank and its node, the checkpoint of epoch 1 is
     whole and nothing else is written; 06_exact_metrics.sbatch --resume on one node continues from it."""
     first, second = two_nodes
+    for other in _jobs_in(batch):  # the session's other jobs must not be on the node that dies
+        if other.state not in TERMINAL:
+            wait(other, timeout=900)
     run_root = tmp_path / "runs"
     env = job_env(run_root, slurm_data)
     job = sbatch(

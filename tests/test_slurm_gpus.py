@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import make_sysfs
-from tests.test_slurm import (REPO, _submit_all, error_lines, job_env, sbatch,  # noqa: F401
-                              slurm_cluster, slurm_data, slurm_gpus, wait)
+from tests.test_slurm import (REPO, _submit_all, batch, batched, error_lines,  # noqa: F401
+                              job_env, sbatch, slurm_cluster, slurm_data, slurm_gpus, wait)
 
 pytestmark = pytest.mark.slurm
 
@@ -87,38 +87,43 @@ def assert_one_gpu_per_rank(recs: list[dict], where: str) -> None:
             owners[gpu] = rank
 
 
-@pytest.fixture(scope="module")
-def gpu_jobs(slurm_gpus, slurm_data, tmp_path_factory) -> dict:
-    """Both tests' jobs, submitted at once so that they share the cluster's scheduling rounds."""
-    root = tmp_path_factory.mktemp("slurm_gpus")
-    modes_env = seam_env(root / "modes", slurm_data, "nvidia", GPUS_PER_NODE="4",
-                         PCI_nvidia=",".join(RECORDED_PCI["nvidia"]),
-                         PCI_amd=",".join(RECORDED_PCI["amd"]))
+# The course's GPU job scripts (their names in one place: the course renumbers its steps); not
+# 00_gpu_check, which runs the GPU test suite, nor the CPU-only statistics.
+COURSE_GPU_JOBS = ("00_baseline", "01_profiling", "02_throughput", "03_affinity_report",
+                   "03_affinity_train", "05_ddp", "06_exact_metrics", "08_host_syncs",
+                   "09_mixed_precision", "11_compile")
+
+
+# Both tests' jobs join the session's batch (tests/test_slurm.py, `batched`).
+@batched("test_slurm_every_gpu_job_runs_its_own_gpu_selection", gpus=2, seconds=15)
+def _course(root, data):
+    env = seam_env(root / "course", data, "nvidia", GPUS_PER_NODE="2")
+    return _submit_all(env, *COURSE_GPU_JOBS), env
+
+
+@batched("test_slurm_gpu_modes_drive_distinct_and_closest_gpus", gpus=4, seconds=130)
+def _modes(root, data):
+    env = seam_env(root / "modes", data, "nvidia", GPUS_PER_NODE="4",
+                   PCI_nvidia=",".join(RECORDED_PCI["nvidia"]),
+                   PCI_amd=",".join(RECORDED_PCI["amd"]))
     script = root / "gpu_modes.sbatch"
     script.write_text(MODES_JOB)
-    modes = None
-    if slurm_gpus >= 4:
-        modes = sbatch(str(script), env=modes_env, run_root=root / "modes" / "runs",
-                       sbatch_opts=["--nodes=1", "--ntasks=2", "--cpus-per-task=1",
-                                    "--gpus-per-node=4"])
-    course_env = seam_env(root / "course", slurm_data, "nvidia", GPUS_PER_NODE="2")
-    course = _submit_all(course_env, "00_b", "01", "02", "03", "05", "06", "07", "08", "09")
-    return {"modes": (modes, root / "modes"), "course": (course, course_env)}
+    job = sbatch(str(script), env=env, run_root=root / "modes" / "runs",
+                 sbatch_opts=["--nodes=1", "--ntasks=2", "--cpus-per-task=1", "--gpus-per-node=4"])
+    return job, root / "modes"
 
 
-def test_slurm_every_gpu_job_runs_its_own_gpu_selection(gpu_jobs):
+def test_slurm_every_gpu_job_runs_its_own_gpu_selection(slurm_gpus, batch, request):
     """The course's GPU job scripts through submit_all.sh on a 2-GPU NVIDIA site (00_gpu_check
     aside: it runs the GPU test suite, which the seam cannot stand in for; AMD's variables: the
     modes test below, through the same launch functions): each real program selects launcher,
     rank, GPU and backend; every rank of every step drives its own GPU; the DDP step (05) runs
     nccl with every GPU of the node visible to each rank."""
-    jobs, env = gpu_jobs["course"]
+    jobs, env = batch[request.node.name]
     for job in jobs:
         wait(job, timeout=400)
     recs = records(Path(env["WELLFNO_GPU_SEAM"]))
-    assert {j.name for j in jobs} == {"00_baseline", "01_profiling", "02_throughput", "05_ddp",
-                                      "03_affinity_report", "03_affinity_train", "06_exact_metrics",
-                                      "08_host_syncs", "09_mixed_precision", "11_compile"}
+    assert sorted(j.name for j in jobs) == sorted(COURSE_GPU_JOBS)
     for job in jobs:
         log = job.out.read_text(errors="replace")
         bad = [line for line in error_lines(log) if any(e in line for e in SELECTION_ERRORS)]
@@ -147,7 +152,7 @@ MODES_JOB = r"""#!/bin/bash
 . "$WELLFNO_ROOT/slurm/common.sh"
 seam="$WELLFNO_GPU_SEAM"
 prog=(solutions/05_ddp/fno.py --dataset "$DATASET" --data-dir "$WELL_DATA" --device cuda --bind none
-      --epochs 1 --max-steps 1 --batch-size 2)
+      --epochs 1 --max-steps 1 --batch-size 2 --n-steps-input 10)  # few samples to load
 for vendor in nvidia amd; do
   export GPU_VENDOR=$vendor WELLFNO_GPU_SEAM_PCI="$(eval echo \$PCI_$vendor)"
   # --gpus-per-task=1 (launch_gpu, site.env's default)
@@ -172,14 +177,14 @@ WELLFNO_GPU_SEAM=$seam/nvidia-shared _wf_run --gpus-per-node=2 --gpu-bind=closes
 """
 
 
-def test_slurm_gpu_modes_drive_distinct_and_closest_gpus(gpu_jobs):
+def test_slurm_gpu_modes_drive_distinct_and_closest_gpus(slurm_gpus, batch, request):
     """One 4-GPU allocation, two tasks on cores 0 and 1 (GPUs 0,1 by core 0, 2,3 by core 1):
     solution 05 under --gpus-per-task=1, --gpus-per-node and --gpu-bind=closest with NVIDIA and
     AMD variables, and under torchrun; then a step where Slurm itself puts both ranks on GPU 0,
     which stops with one line naming both ranks and the option that gives one GPU per rank."""
-    job, root = gpu_jobs["modes"]
-    if job is None:
+    if request.node.name not in batch:
         pytest.skip("needs 4 stand-in GPUs on a node")
+    job, root = batch[request.node.name]
     wait(job, timeout=400)
     job.assert_completed()
     recs = [r for r in records(root / "seam") if r["argv"][0].endswith("fno.py")]
