@@ -271,8 +271,20 @@ def pytest_configure(config):
         os.environ.setdefault("STATS_SCRIPT", str(Path(chosen).resolve()))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run where torch sees a GPU (CUDA or ROCm) and are skipped elsewhere."""
+    """`slurm` tests run in one xdist group; `gpu` tests run where torch sees a GPU (CUDA or ROCm)
+    and are skipped elsewhere.
+
+    Under `pytest -n 2 --dist loadgroup` (make test) every test marked `slurm` runs on one worker,
+    one after the other in file order: the local cluster's jobs and the module-scoped job batches
+    of tests/test_slurm*.py expect that, and the other worker runs everything else meanwhile
+    (xdist sends the largest group first). Without xdist the mark does nothing.
+    https://pytest-xdist.readthedocs.io/en/stable/distribution.html
+    """
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch
