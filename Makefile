@@ -55,9 +55,10 @@ data: venv
 demo: venv
 	$(PY) fno.py --data-dir $(DATA_DIR) --out $(DEMO_OUT)
 
-# Two workers (pytest-xdist): the Slurm tests, one xdist group (tests/conftest.py), on one of them
-# in file order while the other runs the rest. `-p no:xdist` (or no -n) runs in one process.
-XDIST ?= -n 2 --dist loadgroup
+# Two workers (pytest-xdist): the Slurm tests, one xdist group (tests/conftest.py), first, on one
+# of them in file order while the other runs the rest, a file at a time, in collection order.
+# `-p no:xdist` (or no -n) runs in one process.
+XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: venv
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests

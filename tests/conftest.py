@@ -273,18 +273,25 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """`slurm` tests run in one xdist group; `gpu` tests run where torch sees a GPU (CUDA or ROCm)
-    and are skipped elsewhere.
+    """The xdist groups of `make test`; `gpu` tests run where torch sees a GPU (CUDA or ROCm) and
+    are skipped elsewhere.
 
-    Under `pytest -n 2 --dist loadgroup` (make test) every test marked `slurm` runs on one worker,
-    one after the other in file order: the local cluster's jobs and the module-scoped job batches
-    of tests/test_slurm*.py expect that, and the other worker runs everything else meanwhile
-    (xdist sends the largest group first). Without xdist the mark does nothing.
-    https://pytest-xdist.readthedocs.io/en/stable/distribution.html
+    Under `pytest -n 2 --dist loadgroup` every test marked `slurm` is in one group, "slurm", which
+    runs on one worker, one after the other in file order (the local cluster's jobs and the
+    module-scoped job batches of tests/test_slurm*.py expect that), and first: it is the longest
+    and the other worker runs the rest meanwhile. Every other test is in its file's group, so that
+    a module-scoped fixture (a training run, a background job) is made once, not on both workers.
+    Without xdist the marks do nothing. https://pytest-xdist.readthedocs.io/en/stable/distribution.html
     """
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker of --dist loadgroup
+        for item in items:
+            if not item.get_closest_marker("slurm"):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        # xdist hands out the groups in collection order (--no-loadscope-reorder in the Makefile)
+        items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: file order
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch

@@ -1,8 +1,9 @@
 """How `make test` runs the suite on two workers (pytest-xdist, `-n 2 --dist loadgroup`).
 
 A nested pytest, with this suite's conftest as a plugin, on made-up tests (no cluster, no torch):
-every `slurm` test runs on one worker, one after the other in file order (the local cluster's
-jobs and tests/test_slurm*.py's module-scoped job batches expect that), and `time by kind` is
+every `slurm` test runs on one worker, first, one after the other in file order (the local
+cluster's jobs and tests/test_slurm*.py's module-scoped job batches expect that); every other
+test of a file on one worker (its module-scoped fixtures made once); and `time by kind` is
 printed once, by the controller, with each kind's count; without xdist it is printed too.
 """
 from __future__ import annotations
@@ -48,11 +49,15 @@ def run_probe(tmp_path, *options) -> tuple[subprocess.CompletedProcess, list[lis
 
 
 def test_slurm_tests_run_on_one_worker_in_file_order(tmp_path):
-    result, ran = run_probe(tmp_path, "-n", "2", "--dist", "loadgroup")
+    result, ran = run_probe(tmp_path, "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
     jobs = [(worker, name) for worker, name in ran if ".job" in name]
     assert {worker for worker, _ in ran} <= {"gw0", "gw1"}
     assert len({worker for worker, _ in jobs}) == 1, f"slurm tests on several workers: {jobs}"
     assert [name for _, name in jobs] == [f"test_{f}_probe.job{n}" for f in "ab" for n in range(4)]
+    assert [name for worker, name in ran if worker == jobs[0][0]][0] == "test_a_probe.job0"
+    for module in ("test_a_probe", "test_b_probe"):
+        workers = {worker for worker, name in ran if name.startswith(f"{module}.other")}
+        assert len(workers) == 1, f"{module}'s tests ran on {sorted(workers)}"
     assert len(ran) == 20
     summary = [line for line in result.stdout.splitlines() if line.startswith("time by kind")]
     assert len(summary) == 1 and "other tests: 12 in" in summary[0] \
