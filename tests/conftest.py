@@ -318,7 +318,10 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    # Under xdist this runs in the controller, which receives every worker's reports.
     if _SECONDS_BY_KIND:
+        workers = getattr(terminalreporter.config.option, "numprocesses", None)
         terminalreporter.write_line("time by kind: " + "; ".join(
             f"{kind} tests: {len(tests)} in {seconds / 60:.1f} min"
-            for kind, (seconds, tests) in sorted(_SECONDS_BY_KIND.items())))
+            for kind, (seconds, tests) in sorted(_SECONDS_BY_KIND.items()))
+            + (f" (summed over {workers} xdist workers running side by side)" if workers else ""))

@@ -61,10 +61,12 @@ def test_slurm_tests_run_on_one_worker_in_file_order(tmp_path):
     assert len(ran) == 20
     summary = [line for line in result.stdout.splitlines() if line.startswith("time by kind")]
     assert len(summary) == 1 and "other tests: 12 in" in summary[0] \
-        and "slurm tests: 8 in" in summary[0], result.stdout[-2000:]
+        and "slurm tests: 8 in" in summary[0] and "summed over 2 xdist workers" in summary[0], \
+        result.stdout[-2000:]
 
 
 def test_without_xdist_the_suite_runs_in_one_process(tmp_path):
     result, ran = run_probe(tmp_path, "-p", "no:xdist")
     assert {worker for worker, _ in ran} == {"main"} and len(ran) == 20
     assert "time by kind: other tests: 12 in" in result.stdout, result.stdout[-2000:]
+    assert "xdist workers" not in result.stdout
