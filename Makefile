@@ -55,16 +55,21 @@ data: venv
 demo: venv
 	$(PY) fno.py --data-dir $(DATA_DIR) --out $(DEMO_OUT)
 
+# Two workers (pytest-xdist): the Slurm tests, one xdist group (tests/conftest.py), first, on one
+# of them in file order while the other runs the rest, a file at a time, in collection order.
+# `-p no:xdist` (or no -n) runs in one process.
+XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
+
 test: venv
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # Every earlier step's checks on every later solution (make test: on its own and the last one).
 test-matrix: venv
-	WELLFNO_FULL_MATRIX=1 $(PY) -m pytest -q --durations=25 tests
+	WELLFNO_FULL_MATRIX=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # Everything but the `slow` (process groups, resume after a kill, notebooks) and `slurm` tests.
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow and not slurm" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not slurm" tests
 
 # Every number the READMEs and INSTRUCTORS.md quote, measured again on this machine (run it idle: a
 # line warns when the load is above the CPUs, and each file records the load at its start and end),

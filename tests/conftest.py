@@ -273,8 +273,27 @@ def pytest_configure(config):
         os.environ.setdefault("STATS_SCRIPT", str(Path(chosen).resolve()))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run where torch sees a GPU (CUDA or ROCm) and are skipped elsewhere."""
+    """The xdist groups of `make test`; `gpu` tests run where torch sees a GPU (CUDA or ROCm) and
+    are skipped elsewhere.
+
+    Under `pytest -n 2 --dist loadgroup` every test marked `slurm` is in one group, "slurm", which
+    runs on one worker, one after the other in file order (the local cluster's jobs and the
+    module-scoped job batches of tests/test_slurm*.py expect that), and first: it is the longest
+    and the other worker runs the rest meanwhile. Every other test is in its file's group, so that
+    a module-scoped fixture (a training run, a background job) is made once, not on both workers.
+    Without xdist the marks do nothing. https://pytest-xdist.readthedocs.io/en/stable/distribution.html
+    """
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker of --dist loadgroup
+        for item in items:
+            if not item.get_closest_marker("slurm"):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        # xdist hands out the groups in collection order (--no-loadscope-reorder in the Makefile)
+        items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: file order
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch
@@ -301,7 +320,10 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    # Under xdist this runs in the controller, which receives every worker's reports.
     if _SECONDS_BY_KIND:
+        workers = getattr(terminalreporter.config.option, "numprocesses", None)
         terminalreporter.write_line("time by kind: " + "; ".join(
             f"{kind} tests: {len(tests)} in {seconds / 60:.1f} min"
-            for kind, (seconds, tests) in sorted(_SECONDS_BY_KIND.items())))
+            for kind, (seconds, tests) in sorted(_SECONDS_BY_KIND.items()))
+            + (f" (summed over {workers} xdist workers running side by side)" if workers else ""))
