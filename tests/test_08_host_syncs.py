@@ -88,4 +88,4 @@ def test_log_every_zero_is_a_one_line_error(script_module, tiny_data_dir, tmp_pa
 
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
 # (DESIGN.md), where the jobs run side by side:
-# test_slurm_07_counts_the_syncs_per_step.
+# test_slurm_08_counts_the_syncs_per_step.

@@ -128,4 +128,4 @@ def test_metrics_record_the_peak_memory(script, tiny_data_dir, finished_run):
 
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
 # (DESIGN.md), where the jobs run side by side:
-# test_slurm_08_runs_each_precision.
+# test_slurm_09_runs_each_precision.

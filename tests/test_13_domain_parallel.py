@@ -432,7 +432,7 @@ def test_a_checkpoint_of_another_model_size_is_one_line(script, tiny_data_dir, o
 # --------------------------------------------------------------------------- Slurm
 # This step's Slurm job is tested in tests/test_slurm.py with the other job scripts
 # (DESIGN.md), where the jobs run side by side:
-# test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates.
+# test_slurm_13_domain_group_of_two_tasks_then_one_task_evaluates.
 
 # --------------------------------------------------------------------------- benchmark
 @pytest.mark.slow

@@ -968,7 +968,7 @@ def test_slurm_06_two_tasks_then_one_task_evaluates(batch, request):
     assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in job.logs()
 
 
-@batched("test_slurm_07_counts_the_syncs_per_step", seconds=85)
+@batched("test_slurm_08_counts_the_syncs_per_step", seconds=85)
 def _host_syncs(root, data):
     # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's own: 20)
     # batch 1: the 8 samples of SHORT_VALIDATION's data are 8 steps an epoch
@@ -977,7 +977,7 @@ def _host_syncs(root, data):
 
 
 @pytest.mark.slow
-def test_slurm_07_counts_the_syncs_per_step(batch, request):
+def test_slurm_08_counts_the_syncs_per_step(batch, request):
     """slurm/08_host_syncs.sbatch: two profiled runs, their syncs per step."""
     job = wait(batch[request.node.name], timeout=900)
     job.assert_completed()
@@ -986,14 +986,14 @@ def test_slurm_07_counts_the_syncs_per_step(batch, request):
     assert "--log-every 1: host syncs per traced step [1, 1, 1, 1, 1]" in out, out[-2000:]
 
 
-@batched("test_slurm_08_runs_each_precision", seconds=85)
+@batched("test_slurm_09_runs_each_precision", seconds=85)
 def _mixed_precision(root, data):
     return sbatch("09_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
                   *SHORT_VALIDATION, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
-def test_slurm_08_runs_each_precision(batch, request):
+def test_slurm_09_runs_each_precision(batch, request):
     """slurm/09_mixed_precision.sbatch: float32, bf16 and fp16 side by side."""
     job = wait(batch[request.node.name], timeout=900)
     job.assert_completed()
@@ -1033,7 +1033,7 @@ def test_slurm_efficiency_job_writes_its_table(batch, request):
     assert "no vendor profiler run" in job.out.read_text()
 
 
-@batched("test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates",
+@batched("test_slurm_13_domain_group_of_two_tasks_then_one_task_evaluates",
          seconds=30)
 def _domain_parallel(root, data):
     return sbatch("13_domain_parallel.sbatch", "--epochs", "1", "--batch-size", "2",
@@ -1042,7 +1042,7 @@ def _domain_parallel(root, data):
 
 
 @pytest.mark.slow
-def test_slurm_11_domain_group_of_two_tasks_then_one_task_evaluates(batch, request):
+def test_slurm_13_domain_group_of_two_tasks_then_one_task_evaluates(batch, request):
     """slurm/13_domain_parallel.sbatch: srun starts one domain group of 2 tasks (--domain-size =
     tasks per node), then 1 task evaluates the checkpoint: the same valid loss."""
     import json
