@@ -272,7 +272,7 @@ def utilization(flops_per_sample: float, samples_per_s: float, peak: Peak, amp: 
 
 
 def utilization_line(efficiency: dict) -> str:
-    """Solution 11's line for `utilization`'s entries: achieved GFLOP/s, MFU of the devices' peak."""
+    """Solution 10's line for `utilization`'s entries: achieved GFLOP/s, MFU of the devices' peak."""
     mfu = efficiency["mfu"]
     return (f"{efficiency['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s achieved; MFU "
             f"{'unknown' if mfu is None else f'{100 * mfu:.2f}%'} of {efficiency['devices']} x "

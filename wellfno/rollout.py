@@ -105,7 +105,6 @@ def _rollout_trajectory(model, dataset, i: int, device, max_steps: int | None):
     return inputs, true, rollout(model, inputs, true.shape[1], constants)
 
 
-
 def print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out):
     """The first rollout steps' VRMSE, printed, and OUT/rollout.png: fno.py's statements
     (tests/test_drift.py checks it), called by the solutions from solution 07 on."""
