@@ -16,6 +16,10 @@ PYTHON = sys.executable
 # Two CPU cores in CI: keep each process to one intra-op thread so parallel
 # subprocesses do not oversubscribe the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's inductor compiles in a pool of one worker process per CPU (up to 32), each of
+# which imports torch (torch/_inductor/config.py: decide_compile_threads); on 2 cores that costs
+# the compiling tests more CPU than it gives back. 1: compile in the process itself.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -1008,10 +1008,13 @@ def test_slurm_09_runs_each_precision(batch, request):
 
 @batched("test_slurm_efficiency_job_writes_its_table", seconds=60)
 def _efficiency(root, data):
-    # one round (--repeats 1): the job's table, not the best of three measurements
+    # one round (--repeats 1): the job's table, not the best of three measurements; every row's
+    # run with the short validation (the --common given after the job's own replaces it; 1 worker
+    # is what the job gives a task of 1 CPU)
     return sbatch("11_compile.sbatch", "--steps", "2", "--repeats", "1", "--no-compile",
-                  "--width", "8", "--batch-size", "4", env=job_env(root / "runs", data),
-                  run_root=root / "runs")
+                  "--width", "8", "--batch-size", "4",
+                  "--common", " ".join(("--num-workers 1 --fast-reader", *SHORT_VALIDATION)),
+                  env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
