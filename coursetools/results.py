@@ -713,7 +713,7 @@ def checkpointing_readme_row(result: dict) -> list[str]:
     """The course README's results row of exercise 12 (step, command, what it measured)."""
     by = {row["checkpointed"]: row for row in result["data"]["modes"]["checkpointing"]}
     plain, ckpt = by[False], by[True]
-    link = "[exercise 12](exercises/12_checkpointing/README.md#what-you-should-see)"
+    link = "[exercise 12](exercises/12_checkpointing/background.md#what-you-should-see)"
     return ["12", f"`{result['command']}` ({link})",
             f"{plain['grid'].replace('x', '×')}, {result['data']['config']['layers']} blocks, one "
             f"rank: peak {_mb(plain['peak_bytes_per_rank'])} plain, "
@@ -732,7 +732,7 @@ def domain_readme_row(result: dict) -> list[str]:
         parts.append(f"{mode} {first['ranks']} to {last['ranks']} domain ranks: {gain}, exchange "
                      f"{100 * last['exchange_share']:.0f} % of a step, peak per rank "
                      f"{_mb(first['peak_bytes_per_rank'])} to {_mb(last['peak_bytes_per_rank'])}")
-    link = "[exercise 13](exercises/13_domain_parallel/README.md#what-you-should-see)"
+    link = "[exercise 13](exercises/13_domain_parallel/background.md#what-you-should-see)"
     return ["13", f"`{result['command']}` ({link})",
             "; ".join(parts)]
 

@@ -3,9 +3,12 @@
 The kernel is the `python3` kernel spec, which jupyter_client resolves to the interpreter running
 these tests (the venv's); every notebook prints its `sys.prefix` and the tests check it, so a
 personal kernel spec that points at another Python fails here instead of in class.
-The results notebook reads a runs folder that the test fills with fast real runs of each step's tool.
+The results notebook reads a runs folder that the test fills with fast real runs of each step's
+tool, and with the committed results files of the tools that take minutes (05's scaling, the
+ladder of 07-11): what `make results` wrote.
 """
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +25,11 @@ RESULTS = REPO / "exercises" / "results.ipynb"
 NOTEBOOKS = [EXPLORE, RESULTS]
 # Sections of the results notebook; each prints "note: no <what> under ..." when its files are missing.
 SECTIONS = ("metrics.json", "profiler traces", "throughput.json", "scripts.json", "affinity_report.txt",
-            "statistics benchmark JSON", "stats*.yaml")
+            "statistics benchmark JSON", "stats*.yaml", "scaling.json", "efficiency.json")
+# results files of tools that run for minutes, copied into the runs folder: name there -> file
+COMMITTED = {"scaling/scaling.json": REPO / "results" / "05_ddp_scaling.json",
+             "ex11/efficiency.json": REPO / "results" / "efficiency_cpu" / "efficiency.json",
+             "ex11/efficiency.png": REPO / "results" / "efficiency_cpu" / "efficiency.png"}
 
 
 def execute(path: Path, monkeypatch, **env) -> nbformat.NotebookNode:
@@ -85,6 +92,9 @@ def background_runs(tiny_data_dir, tmp_path_factory):
     one core each); `runs_dir` waits for them.
     """
     runs = tmp_path_factory.mktemp("runs")
+    for name, committed in COMMITTED.items():
+        (runs / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(committed, runs / name)
     dataset_dir = tiny_data_dir / "datasets" / "gray_scott_embedded"
     throughput = REPO / "profiling" / "throughput.py"
     benchmark = REPO / "solutions" / "04_distributed_stats" / "benchmark.py"
@@ -135,8 +145,9 @@ def test_results_notebook_plots_every_run(runs_dir, monkeypatch):
     assert_venv_kernel(text)
     metrics = json.loads((runs / "baseline" / "metrics.json").read_text())
     assert f"{metrics['samples_per_second']:10.1f}" in text  # the baseline's row of the table
-    expected = {"metrics.json": 2, "throughput.json": 1, "scripts.json": 1, "statistics benchmark JSON": 1}  # figures
-    present = {"metrics.json"}
+    expected = {"metrics.json": 2, "throughput.json": 1, "scripts.json": 1,  # figures
+                "statistics benchmark JSON": 1, "scaling.json": 1, "efficiency.json": 1}
+    present = {"metrics.json", "scaling.json", "efficiency.json"}
     if "throughput" in made:
         present.add("throughput.json")
     if "scripts" in made:
@@ -155,6 +166,14 @@ def test_results_notebook_plots_every_run(runs_dir, monkeypatch):
         assert f"{rows[0]['data_only']:10.0f}" in text
     if "benchmark" in made:
         assert "bitwise identical to serial: {'dist1': True}" in text
+    scaling = json.loads((runs / "scaling" / "scaling.json").read_text())["data"]["modes"]
+    assert f"{scaling['weak'][-1]['samples_per_second']:8.1f} samples/s" in text
+    for row in json.loads((runs / "ex11" / "efficiency.json").read_text())["data"]["rows"]:
+        if row["skipped"]:
+            assert f"{row['row']:28s} skipped: {row['skipped']}" in text
+        elif row["against"]:  # each row against the one it builds on: 08 on 07; 09, 10, 11 on 08
+            speedup = f"{row['speedup']:.2f}x vs {row['against']} ({row['speedup_of']})"
+            assert speedup in text, (row["row"], speedup)
 
 
 @pytest.mark.slow  # executes a notebook
