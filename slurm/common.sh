@@ -192,7 +192,9 @@ launch_torchrun() {
   else
     master=localhost
   fi
-  port=$(( 20000 + ${SLURM_JOB_ID:-$$} % 20000 ))
+  # the last of the job's 7 ports (wellfno/launch.py master_port_from_slurm: steps 0-5 take the
+  # others), below the kernel's ephemeral ports (32768 on), which another connection may hold
+  port=$(( 20000 + (7 * ${SLURM_JOB_ID:-$$} + 6) % 12000 ))
   echo "torchrun: nnodes=$nnodes nproc_per_node=$nproc rendezvous=$master:$port" >&2
   launch --ntasks="$nnodes" --ntasks-per-node=1 --cpus-per-task="$cpt" "${opts[@]}" -- \
     env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u SLURM_NPROCS \

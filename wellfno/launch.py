@@ -186,11 +186,20 @@ def master_port_from_slurm(env: Mapping[str, str] | None = None) -> int:
 
     Consecutive steps of a job get consecutive ports (a step never reuses the port of the one
     that just ended, whose socket may linger in TIME_WAIT), and jobs 1 apart are 7 ports apart.
+    All below 32768, where Linux's ephemeral ports begin (net.ipv4.ip_local_port_range, 32768-60999
+    by default: https://docs.kernel.org/networking/ip-sysctl.html): any outgoing connection on
+    the node (gloo's between ranks, srun's) may hold one of those, and rank 0's store then fails
+    with EADDRINUSE (seen on the test cluster with ports up to 39999).
     """
     env = os.environ if env is None else env
     job = int(env.get("SLURM_JOB_ID", "0") or 0)
     step = int(env.get("SLURM_STEP_ID", "0") or 0) if str(env.get("SLURM_STEP_ID", "0")).isdigit() else 0
-    return 20000 + (job * 7 + step) % 20000
+    return FIRST_PORT + (job * 7 + step) % PORTS
+
+
+# The rendezvous ports of Slurm steps: 20000-31999 (master_port_from_slurm; slurm/common.sh
+# computes torchrun's the same way)
+FIRST_PORT, PORTS = 20000, 12000
 
 
 # --------------------------------------------------------------------------- rendezvous check
