@@ -46,7 +46,8 @@ from neuralop.layers.embeddings import GridEmbeddingND
 from torch import nn
 
 from wellfno.cli import UserError
-from wellfno import data
+from wellfno import data, memory
+from wellfno.slabs import SlabRollouts
 
 
 def slab_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -77,6 +78,10 @@ class Slab:
 
     def bounds(self) -> list[tuple[int, int]]:
         return slab_bounds(self.n, self.size)
+
+    def frame(self, grid: tuple[int, ...]) -> tuple[int, ...]:
+        """This rank's part of a frame of `grid` cells: its rows of the first axis, all the rest."""
+        return (self.stop - self.start, *grid[1:])
 
 
 @dataclass
@@ -122,6 +127,15 @@ class ProcessGrid:
             )
         start, stop = slab_bounds(n, self.domain_size)[self.domain_index]
         return Slab(start, stop, n, self.domain_index, self.domain_size, self.domain_group)
+
+
+def check_arguments(args) -> None:
+    """Solution 13's checks of --domain-size against the command line, before any work."""
+    if args.domain_size < 1:
+        raise UserError("--domain-size must be at least 1")
+    if args.compile and args.domain_size > 1:  # Inductor fails on the exchange's complex views
+        raise UserError("--compile and --domain-size > 1 do not go together: torch.compile cannot "
+                        "compile the split spectral convolution; drop --compile")
 
 
 def check_grid(world_size: int, domain_size: int, rows: int | None = None) -> None:
@@ -483,6 +497,15 @@ def evaluate_rollouts(
         if slab.index == 0:
             example = (true.cpu(), pred.cpu())
     return model_curve.tolist(), persist_curve.tolist(), example
+
+
+def evaluate_slab_rollouts(model, dataset_dir, args, device, grid: ProcessGrid, slab: Slab):
+    """`evaluate_rollouts` of this rank's rows of the dataset's rollout trajectories (HDF5
+    hyperslabs, wellfno.slabs.SlabRollouts), as many steps as the device's memory allows: every
+    rank calls it; rank 0 gets the example (true, pred), the others None."""
+    rollout_data = SlabRollouts(dataset_dir, args.n_steps_input, rows=slab.rows,
+                                max_rollout_steps=memory.rollout_steps(model, device))
+    return evaluate_rollouts(model, rollout_data, device, grid, slab)
 
 
 def gather_rows(tensor: torch.Tensor, slab: Slab, row_dim: int) -> torch.Tensor | None:

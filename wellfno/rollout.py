@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from wellfno import plots
+from wellfno import data, memory, plots
 from wellfno.data import model_inputs
 
 
@@ -103,6 +103,16 @@ def _rollout_trajectory(model, dataset, i: int, device, max_steps: int | None):
     constants = None if constants is None else constants.unsqueeze(0).to(device)
     true = true[:, :true.shape[1] if max_steps is None else min(max_steps, true.shape[1])]
     return inputs, true, rollout(model, inputs, true.shape[1], constants)
+
+
+def evaluate_on_dataset(model, dataset_dir, args, device):
+    """The model's and persistence's VRMSE curves on the dataset's rollout trajectories, and the
+    example (true, pred) to plot: fno.py's statements (tests/test_drift.py checks it), called by
+    the solutions from solution 12 on."""
+    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
+                                        max_rollout_steps=memory.rollout_steps(model, device))
+    model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
+    return model_vrmse, persistence_vrmse, (true, pred)
 
 
 def print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out):

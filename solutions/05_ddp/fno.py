@@ -14,7 +14,7 @@ from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
@@ -63,7 +63,6 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
     The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
     """
     model.train()
-    fno = model.module if isinstance(model, DistributedDataParallel) else model  # DDP wraps the FNO
     total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
     start = timed_from = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True, disable=not show)
@@ -76,7 +75,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
         with record_function("h2d_copy"):
             x, y = data.batch_to_model(batch, device, non_blocking=True)
         with record_function("forward"):
-            loss = fno.loss(model(x), y)
+            loss = getattr(model, "module", model).loss(model(x), y)  # DDP wraps the FNO
         with record_function("backward"):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -116,6 +115,7 @@ def validate(model, loader, device):
 
 def main(argv=None):
     args = parse_args(argv)
+    torch.manual_seed(args.seed)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
     backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
@@ -134,7 +134,6 @@ def main(argv=None):
 
 
 def train(args, env, backend, device):
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
@@ -170,8 +169,8 @@ def train(args, env, backend, device):
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
-    train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed)
+    train_sampler = torch.utils.data.DistributedSampler(
+        splits["train"], env.world_size, env.rank, shuffle=True, seed=args.seed)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
@@ -195,7 +194,7 @@ def train(args, env, backend, device):
         except (KeyError, RuntimeError, ValueError):
             raise UserError(f"{checkpoint} was trained with other settings: use another --out or "
                             "drop --resume")
-        log(f"Resuming from {checkpoint} after epoch {state['epoch']}")
+        print(f"Resuming from {checkpoint} after epoch {state['epoch']}")
     # DDP copies rank 0's weights to all ranks; backward all-reduces (averages) the gradients.
     ddp_model = DistributedDataParallel(model) if env.is_distributed else model  # on model's device
     global_batch = args.batch_size * env.world_size
@@ -211,10 +210,9 @@ def train(args, env, backend, device):
         if args.max_steps and step >= args.max_steps:
             break
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, else each repeats the first
-        row = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch,
+        row = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch, show=env.rank == 0,
                               max_steps=args.max_steps - step if args.max_steps else None,
-                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof,
-                              show=env.rank == 0)
+                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof)
         step += row["steps"]
         if prof and step >= args.max_steps:
             break  # the profiled window is over: no validation, no checkpoint

@@ -15,7 +15,7 @@ from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
@@ -69,7 +69,6 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
     The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
     """
     model.train()
-    fno = model.module if isinstance(model, DistributedDataParallel) else model  # DDP wraps the FNO
     total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
     start = timed_from = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True, disable=not show)
@@ -82,7 +81,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
         with record_function("h2d_copy"):
             x, y = data.batch_to_model(batch, device, non_blocking=True)
         with record_function("forward"):
-            loss = fno.loss(model(x), y)
+            loss = getattr(model, "module", model).loss(model(x), y)  # DDP wraps the FNO
         with record_function("backward"):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -125,6 +124,7 @@ def validate(model, loader, device):
 
 def main(argv=None):
     args = parse_args(argv)
+    torch.manual_seed(args.seed)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
     backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
@@ -143,7 +143,6 @@ def main(argv=None):
 
 
 def train(args, env, backend, device):
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     cpus = None
     if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
@@ -189,8 +188,8 @@ def train(args, env, backend, device):
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
     # with none: drop_last leaves out the len % world_size that do not divide (named below).
-    train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed, drop_last=True)
+    train_sampler = torch.utils.data.DistributedSampler(
+        splits["train"], env.world_size, env.rank, shuffle=True, seed=args.seed, drop_last=True)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     # Validation: every sample exactly once, on one rank or another (no padding: exercise 04)
@@ -237,10 +236,9 @@ def train(args, env, backend, device):
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: "
                 f"{len(splits['train'])} samples do not divide by {env.world_size} ranks)")
-        row = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch,
+        row = train_one_epoch(ddp_model, train_loader, optimizer, device, epoch, show=env.rank == 0,
                               max_steps=args.max_steps - step if args.max_steps else None,
-                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof,
-                              show=env.rank == 0)
+                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof)
         step += row["steps"]
         if prof and step >= args.max_steps:
             break  # the profiled window is over: no validation, no checkpoint

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity import training
@@ -126,7 +126,6 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
     so far]).
     """
     model.train()
-    fno = model.module if isinstance(model, DistributedDataParallel) else model  # DDP wraps the FNO
     loss_sum = torch.zeros((), device=device)  # sum of loss x batch size, on the device
     samples, steps, timed_samples, loss_log = 0, 0, 0, []
     synchronize(device)
@@ -141,7 +140,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
         with record_function("h2d_copy"):
             x, y = data.batch_to_model(batch, device, non_blocking=True)
         with record_function("forward"), autocast():
-            loss = fno.loss(model(x), y)
+            loss = getattr(model, "module", model).loss(model(x), y)  # DDP wraps the FNO
         with record_function("backward"):
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
@@ -172,6 +171,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
 
 def main(argv=None):
     args = parse_args(argv)
+    torch.manual_seed(args.seed)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
     backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
@@ -196,7 +196,6 @@ def main(argv=None):
 
 
 def train(args, env, backend, device):
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     check_amp(args.amp, device)
     cpus, device = training.bind(args, device)  # step 03's pinning (affinity.training)
@@ -220,8 +219,8 @@ def train(args, env, backend, device):
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
     # with none: drop_last leaves out the len % world_size that do not divide (named below).
-    train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed, drop_last=True)
+    train_sampler = torch.utils.data.DistributedSampler(
+        splits["train"], env.world_size, env.rank, shuffle=True, seed=args.seed, drop_last=True)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     # Validation: every sample exactly once, on one rank or another (no padding: exercise 04)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity import training
@@ -55,8 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                    help="mixed precision: autocast the convolutions; the FFTs and spectral "
                         "weights stay float32")
-    p.add_argument("--layers", type=int, default=4,
-                   help="FNO blocks (with --width and --modes: the model's size)")
+    p.add_argument("--layers", type=int, default=4, help="FNO blocks (the model's depth)")
     p.add_argument("--nvtx", action="store_true", help="the record_function ranges as NVTX "
                    "(NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     args = p.parse_args(argv)
@@ -128,7 +127,6 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
     so far]).
     """
     model.train()
-    fno = model.module if isinstance(model, DistributedDataParallel) else model  # DDP wraps the FNO
     loss_sum = torch.zeros((), device=device)  # sum of loss x batch size, on the device
     samples, steps, timed_samples, loss_log = 0, 0, 0, []
     synchronize(device)
@@ -143,7 +141,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
         with record_function("h2d_copy"):
             x, y = data.batch_to_model(batch, device, non_blocking=True)
         with record_function("forward"), autocast():
-            loss = fno.loss(model(x), y)
+            loss = getattr(model, "module", model).loss(model(x), y)  # DDP wraps the FNO
         with record_function("backward"):
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
@@ -174,6 +172,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
 
 def main(argv=None):
     args = parse_args(argv)
+    torch.manual_seed(args.seed)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
     backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
@@ -198,7 +197,6 @@ def main(argv=None):
 
 
 def train(args, env, backend, device):
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     check_amp(args.amp, device)
     if args.nvtx and device.type != "cuda":
@@ -229,8 +227,8 @@ def train(args, env, backend, device):
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
     # with none: drop_last leaves out the len % world_size that do not divide (named below).
-    train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed, drop_last=True)
+    train_sampler = torch.utils.data.DistributedSampler(
+        splits["train"], env.world_size, env.rank, shuffle=True, seed=args.seed, drop_last=True)
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               generator=torch.Generator().manual_seed(args.seed), **loader_options)
     # Validation: every sample exactly once, on one rank or another (no padding: exercise 04)
@@ -272,8 +270,7 @@ def train(args, env, backend, device):
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, "
         f"{device.type}): {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"{counted['per_sample'] / 1e6:.1f} MFLOP per sample (forward + backward), "
-        f"amp {args.amp}")
+        f"{counted['per_sample'] / 1e6:.1f} MFLOP per sample (forward + backward), amp {args.amp}")
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 

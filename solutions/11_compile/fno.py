@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity import training
@@ -57,8 +57,7 @@ def parse_args(argv=None):
                         "weights stay float32")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (compile time reported apart)")
-    p.add_argument("--layers", type=int, default=4,
-                   help="FNO blocks (with --width and --modes: the model's size)")
+    p.add_argument("--layers", type=int, default=4, help="FNO blocks (the model's depth)")
     p.add_argument("--nvtx", action="store_true", help="the record_function ranges as NVTX "
                    "(NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     args = p.parse_args(argv)
@@ -140,6 +139,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
 
 def main(argv=None):
     args = parse_args(argv)
+    torch.manual_seed(args.seed)
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
     backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
@@ -164,7 +164,6 @@ def main(argv=None):
 
 
 def train(args, env, backend, device):
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     check_amp(args.amp, device)
     if args.compile:
@@ -197,8 +196,8 @@ def train(args, env, backend, device):
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
     # with none: drop_last leaves out the len % world_size that do not divide (named below).
-    train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed, drop_last=True)
+    train_sampler = torch.utils.data.DistributedSampler(
+        splits["train"], env.world_size, env.rank, shuffle=True, seed=args.seed, drop_last=True)
     # A compiled model compiles again for every new batch shape: with --compile, no short batch.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               drop_last=args.compile, **loader_options,

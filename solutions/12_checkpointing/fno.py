@@ -8,15 +8,13 @@ With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
 OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
 """
 import argparse
-import datetime
 import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity import training
@@ -27,13 +25,10 @@ from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import check_gpu_not_shared, pick_backend, pick_device, synchronize
-from wellfno.launch import launch_environment
+from wellfno.device import synchronize
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.ranks import over_ranks, samples_left_out, validate
-from wellfno.rollout import evaluate_rollouts
 from wellfno.toolchain import check_compiler
-from wellfno.watchdog import Watchdog
 
 
 def parse_args(argv=None):
@@ -58,8 +53,7 @@ def parse_args(argv=None):
                         "weights stay float32")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (compile time reported apart)")
-    p.add_argument("--layers", type=int, default=4,
-                   help="FNO blocks (with --width and --modes: the model's size)")
+    p.add_argument("--layers", type=int, default=4, help="FNO blocks (the model's depth)")
     p.add_argument("--nvtx", action="store_true", help="the record_function ranges as NVTX "
                    "(NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     p.add_argument("--checkpoint-blocks", action="store_true",
@@ -144,31 +138,11 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
 
 def main(argv=None):
     args = parse_args(argv)
-    env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
-    device = pick_device(args.device)
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
-                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
-    if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
-        raise UserError(f"--backend {backend} and --device {args.device} do not go together")
-    if not env.is_distributed:
-        return train(args, env, None, device)
-    env.export_rendezvous()  # MASTER_ADDR/PORT: from torchrun, or from the allocation under srun
-    try:
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
-                                device_id=device if device.type == "cuda" else None)
-    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
-        raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
-    check_gpu_not_shared(device)  # two ranks on one physical GPU: one line naming both
-    try:
-        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends all, in seconds
-            train(args, env, backend, device)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(args.seed)
+    ranks.run_on_every_rank(args, train)  # step 07's process group and watchdog (wellfno.ranks)
 
 
 def train(args, env, backend, device):
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     check_amp(args.amp, device)
     if args.compile:
@@ -199,8 +173,8 @@ def train(args, env, backend, device):
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
     # with none: drop_last leaves out the len % world_size that do not divide (named below).
-    train_sampler = DistributedSampler(splits["train"], env.world_size, env.rank, shuffle=True,
-                                       seed=args.seed, drop_last=True)
+    train_sampler = torch.utils.data.DistributedSampler(
+        splits["train"], env.world_size, env.rank, shuffle=True, seed=args.seed, drop_last=True)
     # A compiled model compiles again for every new batch shape: with --compile, no short batch.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               drop_last=args.compile, **loader_options,
@@ -293,9 +267,8 @@ def train(args, env, backend, device):
     if env.rank > 0:
         return  # rank 0 alone rolls out and writes
 
-    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
-                                        max_rollout_steps=memory.rollout_steps(model, device))
-    model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
+    model_vrmse, persistence_vrmse, (true, pred) = rollout.evaluate_on_dataset(model, dataset_dir,
+                                                                               args, device)
     rollout.print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out)
     if args.eval_only:
         atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,

@@ -8,15 +8,13 @@ With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
 OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
 """
 import argparse
-import datetime
 import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from affinity import training
@@ -27,14 +25,11 @@ from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import check_gpu_not_shared, pick_backend, pick_device, synchronize
-from wellfno.launch import launch_environment
+from wellfno.device import synchronize
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.ranks import over_ranks, samples_left_out
-from wellfno.rollout import evaluate_rollouts
-from wellfno.slabs import SlabRollouts, SlabWellDataset
+from wellfno.slabs import SlabWellDataset
 from wellfno.toolchain import check_compiler
-from wellfno.watchdog import Watchdog
 
 
 def parse_args(argv=None):
@@ -59,23 +54,20 @@ def parse_args(argv=None):
                         "weights stay float32")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (compile time reported apart)")
-    p.add_argument("--layers", type=int, default=4,
-                   help="FNO blocks (with --width and --modes: the model's size)")
+    p.add_argument("--layers", type=int, default=4, help="FNO blocks (the model's depth)")
     p.add_argument("--nvtx", action="store_true", help="the record_function ranges as NVTX "
                    "(NVIDIA) / ROCTx (AMD) ranges for nsys / rocprofv3")
     p.add_argument("--checkpoint-blocks", action="store_true",
                    help="activation checkpointing: keep each FNO block's input only, recompute "
                         "the rest in the backward")
     p.add_argument("--domain-size", type=int, default=1,
-                   help="ranks that share one sample, each a slab of its first spatial axis "
-                        "(wellfno.domain)")
+                   help="ranks that share one sample, each a slab of its first spatial axis")
     args = p.parse_args(argv)
     options.check_arguments(args)  # 02's loader options, 01's --profile window
     if args.nvtx and args.profile:
         raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3, --profile to "
                         "torch.profiler: use one at a time")
-    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every", "layers",
-                 "domain_size"):
+    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every", "layers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
@@ -85,9 +77,7 @@ def parse_args(argv=None):
         raise UserError("--timeout must be a positive number of seconds")
     if args.eval_only and args.profile:
         raise UserError("--profile traces training steps: drop it with --eval-only")
-    if args.compile and args.domain_size > 1:  # Inductor fails on the exchange's complex views
-        raise UserError("--compile and --domain-size > 1 do not go together: torch.compile cannot "
-                        "compile the split spectral convolution; drop --compile")
+    domain.check_arguments(args)  # --domain-size, and what does not go with it (wellfno.domain)
     check_output_dir(args.out)
     return args
 
@@ -102,7 +92,6 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
     The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds). The
     loss stays on the device and is read back every `log_every` steps (loss_log: [step, mean
     so far]). With --compile the first untimed step compiles (untimed_seconds).
-    `loss_fn`: the FNO's loss unless given (--domain-size: the sample's: domain.sample_loss).
     """
     model.train()
     fno = getattr(model, "_orig_mod", model)  # torch.compile wraps DDP, DDP wraps the FNO
@@ -121,7 +110,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
         with record_function("h2d_copy"):
             x, y = data.batch_to_model(batch, device, non_blocking=True)
         with record_function("forward"), autocast():
-            loss = (loss_fn or fno.loss)(model(x), y)
+            loss = (loss_fn or fno.loss)(model(x), y)  # --domain-size: domain.sample_loss
         with record_function("backward"):
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
@@ -153,31 +142,11 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
 
 def main(argv=None):
     args = parse_args(argv)
-    env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
-    device = pick_device(args.device)
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
-                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
-    if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
-        raise UserError(f"--backend {backend} and --device {args.device} do not go together")
-    if not env.is_distributed:
-        return train(args, env, None, device)
-    env.export_rendezvous()  # MASTER_ADDR/PORT: from torchrun, or from the allocation under srun
-    try:
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
-                                device_id=device if device.type == "cuda" else None)
-    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
-        raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
-    check_gpu_not_shared(device)  # two ranks on one physical GPU: one line naming both
-    try:
-        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends all, in seconds
-            train(args, env, backend, device)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(args.seed)
+    ranks.run_on_every_rank(args, train)  # step 07's process group and watchdog (wellfno.ranks)
 
 
 def train(args, env, backend, device):
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     log = print if env.rank == 0 else (lambda *a, **k: None)  # one voice for the job: rank 0's
     check_amp(args.amp, device)
     if args.compile:
@@ -197,12 +166,12 @@ def train(args, env, backend, device):
     # data x domain: DDP across the data groups, one sample per domain group (consecutive ranks)
     layout = domain.ProcessGrid.create(env.rank, env.world_size, args.domain_size,
                                        rows=splits["train"].metadata.spatial_resolution[0])
-    groups = "ranks" if args.domain_size == 1 else "domain groups"  # what takes a share of samples
+    group = "rank" if args.domain_size == 1 else "domain group"  # what takes a share of samples
     for split in ("train", "valid"):
         if len(splits[split]) < layout.data_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
-                            f"samples, fewer than the {layout.data_size} {groups}: start at most "
-                            f"{len(splits[split])} {groups}")
+                            f"samples, fewer than the {layout.data_size} {group}s: start at most "
+                            f"{len(splits[split])} {group}s")
     grid = tuple(splits["train"].metadata.spatial_resolution)  # a frame's sizes (no sample read)
     options.check_modes(args, grid)  # step 10's check of --modes (wellfno.options)
     fields = data.channel_names(splits["train"])
@@ -216,8 +185,9 @@ def train(args, env, backend, device):
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
     # with none: drop_last leaves out the len % world_size that do not divide (named below).
-    train_sampler = DistributedSampler(splits["train"], layout.data_size, layout.data_index,
-                                       shuffle=True, seed=args.seed, drop_last=True)
+    train_sampler = torch.utils.data.DistributedSampler(
+        splits["train"], layout.data_size, layout.data_index, shuffle=True, seed=args.seed,
+        drop_last=True)
     # A compiled model compiles again for every new batch shape: with --compile, no short batch.
     train_loader = DataLoader(splits["train"], batch_size=args.batch_size, sampler=train_sampler,
                               drop_last=args.compile, **loader_options,
@@ -245,10 +215,9 @@ def train(args, env, backend, device):
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     scaler, autocast = amp.autocast_and_scaler(args, device)  # step 09's (wellfno.amp)
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
-    example = torch.zeros(args.batch_size, model.in_channels, slab.stop - slab.start, *grid[1:],
-                          device=device)
-    counted = domain.summed_counts(flops.training_flops_per_sample(  # the slabs' counts, added
-        model, example, example[:, :len(fields)], model.loss), slab)
+    example = torch.zeros(args.batch_size, model.in_channels, *slab.frame(grid), device=device)
+    counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
+    counted = domain.summed_counts(counted, slab)  # the whole sample's: the slabs' counts, added
     if device.type == "cuda":  # the count ran a float32 step: the peak memory is training's alone
         torch.cuda.reset_peak_memory_stats(device)
     first_epoch, step, history = 1, 0, []
@@ -278,7 +247,7 @@ def train(args, env, backend, device):
         f"{sum(p.numel() for p in model.parameters()):,} parameters, "
         f"{counted['per_sample'] / 1e6:.1f} MFLOP per sample (forward + backward), "
         f"amp {args.amp}{', compiled' if args.compile else ''}")
-    log(f"global batch {global_batch} = {layout.data_size} {groups[:-1]}(s) x --batch-size "
+    log(f"global batch {global_batch} = {layout.data_size} {group}(s) x --batch-size "
         f"{args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
@@ -292,7 +261,7 @@ def train(args, env, backend, device):
                     else [])
         if left_out:
             log(f"epoch {epoch}: training samples {left_out} left out (drop_last: "
-                f"{len(splits['train'])} samples do not divide by {layout.data_size} {groups})")
+                f"{len(splits['train'])} samples do not divide by {layout.data_size} {group}s)")
         row = train_one_epoch(train_model, train_loader, optimizer, scaler, autocast, device, epoch,
                               max_steps=args.max_steps - step if args.max_steps else None,
                               untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof,
@@ -324,17 +293,14 @@ def train(args, env, backend, device):
     valid_loss = (domain.validate(model, valid_loader, device, loss_fn) if args.eval_only
                   else history[-1]["valid_loss"])
     if args.domain_size > 1:  # every rank its rows of whole trajectories; VRMSE summed over groups
-        rollout_data = SlabRollouts(dataset_dir, args.n_steps_input, rows=slab.rows,
-                                    max_rollout_steps=memory.rollout_steps(model, device))
-        model_vrmse, persistence_vrmse, example = domain.evaluate_rollouts(model, rollout_data,
-                                                                           device, layout, slab)
+        model_vrmse, persistence_vrmse, example = domain.evaluate_slab_rollouts(
+            model, dataset_dir, args, device, layout, slab)
     if env.rank > 0:
-        return  # rank 0 alone rolls out (without --domain-size) and writes
+        return  # rank 0 alone rolls out and writes
 
-    if args.domain_size == 1:
-        rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
-                                            max_rollout_steps=memory.rollout_steps(model, device))
-        model_vrmse, persistence_vrmse, example = evaluate_rollouts(model, rollout_data, device)
+    if args.domain_size == 1:  # with --domain-size, every rank has rolled out above
+        model_vrmse, persistence_vrmse, example = rollout.evaluate_on_dataset(model, dataset_dir,
+                                                                              args, device)
     true, pred = example
     rollout.print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out)
     if args.eval_only:
