@@ -69,7 +69,7 @@ XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: venv
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
-# Every earlier step's checks on every later solution (make test: on its own and the last one).
+# Every earlier step's checks on every later solution (make test: each on its own solution).
 test-matrix: venv
 	WELLFNO_FULL_MATRIX=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 

@@ -355,10 +355,11 @@ def describe(topo: Topology) -> str:
 def draw(topo: Topology, path: str | os.PathLike) -> Path:
     """Draw NUMA nodes as boxes of cores (coloured by L3 group, allowed ones filled) and GPUs under
     their NUMA node. Pure matplotlib, so it works on a fixture tree too."""
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from wellfno.plots import save_png  # also selects the Agg backend: no display on nodes
+    from wellfno.plots import pyplot, save_png
+
+    plt = pyplot()  # the Agg backend: no display on nodes
 
     nodes = sorted(topo.numa_cpus)
     per_row = 16

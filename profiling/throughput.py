@@ -230,9 +230,10 @@ def table(rows) -> str:
 
 
 def figure(rows, readers: list[str], path: Path, title: str) -> None:
-    import matplotlib.pyplot as plt
 
-    from wellfno.plots import save_png  # also selects the Agg backend: no display on nodes
+    from wellfno.plots import pyplot, save_png
+
+    plt = pyplot()  # the Agg backend: no display on nodes
 
     fig, axes = plt.subplots(1, len(readers), figsize=(6 * len(readers), 4.2), squeeze=False, sharey=True)
     for ax, reader in zip(axes[0], readers):

@@ -74,10 +74,11 @@ def _rank_lanes(trace: dict, rank: int) -> list[dict]:
 
 def draw(trace_path: str | Path, png: str | Path | None = None, trace: dict | None = None) -> Path:
     """Write the timeline next to the trace (or to `png`); return its path. `trace`: already loaded."""
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from wellfno.plots import save_png  # also selects the Agg backend: no display on nodes
+    from wellfno.plots import pyplot, save_png
+
+    plt = pyplot()  # the Agg backend: no display on nodes
 
     trace_path = Path(trace_path)
     png = Path(png) if png else trace_path.with_name(trace_path.name.split(".json")[0] + "_timeline.png")

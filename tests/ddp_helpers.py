@@ -133,7 +133,7 @@ def one_rank_reference(finished_run, script, data_dir) -> Path:
     """The output folder of one rank, --batch-size 4, one step: the reference that exercises 05, 06
     and 13 compare their ranks with and evaluate. One plain run in the test process
     (conftest.py's finished_run: no launcher, nothing about the process is checked on it), shared
-    by the three modules on the last solution."""
+    by the three modules on one solution (make test-matrix: on each later one)."""
     return finished_run(script, data_dir, *ONE_RANK_STEP)[0]
 
 

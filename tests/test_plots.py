@@ -43,3 +43,16 @@ def test_rollout_figure_draws_one_image_per_row_with_the_steps_labelled(tmp_path
     np.testing.assert_allclose(reference[:, 9 * 2:9 * 2 + 8], (true[4, ..., 1] * 3.0 + 2.0).T)
     error = rows[5].images[0].get_array()
     np.testing.assert_allclose(error.compressed(), 0.1 * 3.0)
+
+
+def test_importing_a_training_script_does_not_import_matplotlib():
+    """matplotlib costs every process about 0.1 s of CPU to import, pyplot 0.4 s more; most
+    processes never draw (a job's other ranks, a refused command), so it comes with the first
+    figure."""
+    import subprocess
+
+    from tests.conftest import PYTHON, REPO
+
+    probe = "import sys, fno, wellfno.rollout; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
+    r = subprocess.run([PYTHON, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -399,6 +399,33 @@ def _gpus_per_node() -> int:
     return min((int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", r.stdout)), default=0)
 
 
+# Before the batch (the first test that asks for `batch` submits it): its five sruns then start at
+# once, where behind the batch they waited about 90 s for free cores.
+def test_slurm_gpu_select_keeps_what_slurm_set(slurm_gpus, tmp_path):
+    """slurm/gpu_select.sh under real srun GPU modes: it never picks a GPU itself, keeps what
+    Slurm set, only rewrites HIP's second filter on AMD, and maps local rank -> GPU only when
+    Slurm set nothing and the site asked for it."""
+    # --gpu-bind=closest: each task gets every GPU near its core (stand-ins: 0,1 on core 0; 2,3 on core 1).
+    for vendor in ("nvidia", "amd"):
+        recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": vendor}, "-n2", "--cpu-bind=cores", "--gpus-per-node=4",
+                              "--gpu-bind=closest")
+        assert [r["env"]["SLURM_STEP_GPUS"] for r in recs] == ["0,1", "2,3"], recs
+        for r in recs:
+            e = r["env"]
+            assert e["ROCR_VISIBLE_DEVICES"] == e["SLURM_STEP_GPUS"], "ROCR_VISIBLE_DEVICES changed"
+            expected = e["SLURM_STEP_GPUS"] if vendor == "nvidia" else "0,1"
+            assert e["CUDA_VISIBLE_DEVICES"] == expected, (vendor, e)
+    # Slurm set nothing (no GPU asked for): left alone, unless GPU_SELECT_BY_LOCALID=1.
+    recs, err = _srun_probe(tmp_path, {"GPU_VENDOR": "amd"}, "-n2")
+    assert all(not any("VISIBLE" in k for k in r["env"]) for r in recs)
+    assert "Slurm set no CUDA_/ROCR_VISIBLE_DEVICES" in err
+    recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": "amd", "GPU_SELECT_BY_LOCALID": "1"}, "-n2")
+    assert [r["env"].get("ROCR_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
+    assert all("CUDA_VISIBLE_DEVICES" not in r["env"] for r in recs)
+    recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": "nvidia", "GPU_SELECT_BY_LOCALID": "1"}, "-n2")
+    assert [r["env"].get("CUDA_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
+
+
 @pytest.fixture(scope="session")
 def batch(request, slurm_cluster, slurm_data, tmp_path_factory):
     """The session's batch (see `batched`): {test id: what it submitted}."""
@@ -839,31 +866,6 @@ def _srun_probe(tmp_path, env_extra: dict, *srun_opts: str) -> list[dict]:
     recs = [__import__("json").loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     recs.sort(key=lambda x: int(x["env"]["SLURM_PROCID"]))
     return recs, r.stderr
-
-
-def test_slurm_gpu_select_keeps_what_slurm_set(slurm_gpus, tmp_path):
-    """slurm/gpu_select.sh under real srun GPU modes: it never picks a GPU itself, keeps what
-    Slurm set, only rewrites HIP's second filter on AMD, and maps local rank -> GPU only when
-    Slurm set nothing and the site asked for it."""
-    # --gpu-bind=closest: each task gets every GPU near its core (stand-ins: 0,1 on core 0; 2,3 on core 1).
-    for vendor in ("nvidia", "amd"):
-        recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": vendor}, "-n2", "--cpu-bind=cores", "--gpus-per-node=4",
-                              "--gpu-bind=closest")
-        assert [r["env"]["SLURM_STEP_GPUS"] for r in recs] == ["0,1", "2,3"], recs
-        for r in recs:
-            e = r["env"]
-            assert e["ROCR_VISIBLE_DEVICES"] == e["SLURM_STEP_GPUS"], "ROCR_VISIBLE_DEVICES changed"
-            expected = e["SLURM_STEP_GPUS"] if vendor == "nvidia" else "0,1"
-            assert e["CUDA_VISIBLE_DEVICES"] == expected, (vendor, e)
-    # Slurm set nothing (no GPU asked for): left alone, unless GPU_SELECT_BY_LOCALID=1.
-    recs, err = _srun_probe(tmp_path, {"GPU_VENDOR": "amd"}, "-n2")
-    assert all(not any("VISIBLE" in k for k in r["env"]) for r in recs)
-    assert "Slurm set no CUDA_/ROCR_VISIBLE_DEVICES" in err
-    recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": "amd", "GPU_SELECT_BY_LOCALID": "1"}, "-n2")
-    assert [r["env"].get("ROCR_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
-    assert all("CUDA_VISIBLE_DEVICES" not in r["env"] for r in recs)
-    recs, _ = _srun_probe(tmp_path, {"GPU_VENDOR": "nvidia", "GPU_SELECT_BY_LOCALID": "1"}, "-n2")
-    assert [r["env"].get("CUDA_VISIBLE_DEVICES") for r in recs] == ["0", "1"]
 
 
 @batched("test_slurm_gpu_check_passes_on_a_cpu_node_and_fails_a_gpu_site_without_gpu", gpus=2,

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
 import numpy as np
 
 from wellfno.cli import atomic_write_bytes
-
-matplotlib.use("Agg")  # no display on compute nodes
 
 MAX_FIELDS = 6  # rows of three panels each; more would make a figure nobody can read
 
@@ -23,9 +20,7 @@ def rollout_figure(true, pred, field_names, path, *, mean=None, std=None, steps=
     Reference and prediction share one colour scale per field; the error has its own
     symmetric scale, shared across steps, so growth of the error is visible.
     """
-    # Here, not at the top: pyplot takes about a second to import, and most processes that import
-    # this module never draw (a job's other ranks, a refused command, --eval-only).
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     true, pred = np.asarray(true, dtype=np.float64), np.asarray(pred, dtype=np.float64)
     if mean is not None:
@@ -79,6 +74,18 @@ def mosaic(frames) -> np.ma.MaskedArray:
     for i, frame in enumerate(frames):
         image[:, i * (width + 1):i * (width + 1) + width] = frame.T  # x across, y up
     return image
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display on compute nodes). Imported here, on the
+    first figure, not at the top: matplotlib and pyplot cost about half a second of CPU, and most
+    processes that import this module never draw (a job's other ranks, a refused command)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def save_png(fig, path, dpi=100, **savefig_kwargs):
