@@ -70,7 +70,9 @@ def mosaic(frames) -> np.ma.MaskedArray:
     masked (blank) column between neighbours. One image per row of the figure, not one axes per
     frame: drawing 36 axes cost each training run about a second of CPU, 6 a third of that."""
     n, width, height = frames.shape
-    image = np.ma.masked_all((height, n * (width + 1) - 1))
+    # zeros under the mask, not np.ma.masked_all's uninitialised memory: matplotlib scales the
+    # masked values too, and garbage there made it warn of overflows
+    image = np.ma.array(np.zeros((height, n * (width + 1) - 1)), mask=True)
     for i, frame in enumerate(frames):
         image[:, i * (width + 1):i * (width + 1) + width] = frame.T  # x across, y up
     return image
