@@ -111,6 +111,10 @@ def _generate_data(tmp_path_factory) -> Path:
 # the validation and rollout that end every training are a few model calls, not ~30: half the CPU
 # time of a short run. For jobs whose checks do not need more training samples.
 SHORT_VALIDATION = ("--n-steps-input", "10")
+# The tests' model (tests/ddp_helpers.py SMALL): width 8, 4 modes, for jobs whose checks do not
+# depend on its size. A profiled run of the course's model (width 32, 12 modes) took 20 s of CPU
+# here, most of it torch's key_averages over 90,000 events; of this one, 7 s.
+SMALL_MODEL = ("--width", "8", "--modes", "4")
 
 
 def job_env(run_root: Path, well_data: Path, **extra: str) -> dict:
@@ -466,7 +470,7 @@ def _serial_stats(slurm_data, tmp_path_factory) -> Path:
 def _baseline(root, data):
     well_data, run_root = root / "data", root / "runs"  # an EMPTY data folder
     return sbatch("00_baseline.sbatch", "--epochs", "1", "--max-steps", "5", *SHORT_VALIDATION,
-                  env=job_env(run_root, well_data), run_root=run_root), well_data
+                  *SMALL_MODEL, env=job_env(run_root, well_data), run_root=run_root), well_data
 
 
 def test_slurm_baseline_trains_and_writes_results(batch, request):
@@ -648,7 +652,7 @@ def test_slurm_baseline_requeues_itself_near_time_limit(batch, request):
 @batched("test_slurm_profiling_writes_trace_summary_and_timeline", seconds=40)
 def _profiling(root, data):
     run_root = root / "runs"
-    return sbatch("01_profiling.sbatch", "--max-steps", "8", "--batch-size", "4",
+    return sbatch("01_profiling.sbatch", "--max-steps", "8", "--batch-size", "4", *SMALL_MODEL,
                   env=job_env(run_root, data), run_root=run_root)
 
 
@@ -694,7 +698,7 @@ def test_slurm_throughput_sweep_writes_its_table(batch, request):
 def _affinity_train(root, data):
     run_root = root / "runs"
     return sbatch("03_affinity_train.sbatch", "--epochs", "1", "--max-steps", "1",
-                  "--batch-size", "8",
+                  "--batch-size", "8", *SMALL_MODEL,
                   env=job_env(run_root, data), run_root=run_root,
                   sbatch_opts=["--ntasks=2", "--cpus-per-task=1"])
 
@@ -932,7 +936,7 @@ def test_slurm_gpu_site_job_without_gpus_fails_in_one_line(slurm_gpus, batch, re
 @batched("test_slurm_05_ddp_two_tasks", seconds=30)
 def _ddp(root, data):
     return sbatch("05_ddp.sbatch", "--epochs", "1", "--batch-size", "2", "--n-steps-input", "10",
-                  "--seed", "3", env=job_env(root / "runs", data), run_root=root / "runs")
+                  "--seed", "3", *SMALL_MODEL, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
@@ -950,7 +954,7 @@ def test_slurm_05_ddp_two_tasks(batch, request):
 @batched("test_slurm_06_two_tasks_then_one_task_evaluates", seconds=45)
 def _exact_metrics(root, data):
     return sbatch("06_exact_metrics.sbatch", "--epochs", "1", "--batch-size", "2",
-                  "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
+                  "--n-steps-input", "10", "--seed", "3", *SMALL_MODEL, env=job_env(root / "runs", data),
                   run_root=root / "runs")
 
 
@@ -975,7 +979,7 @@ def _host_syncs(root, data):
     # --max-steps 7: the fewest --profile allows (2 warm-up + 5 traced steps; the job's own: 20)
     # batch 1: the 8 samples of SHORT_VALIDATION's data are 8 steps an epoch
     return sbatch("08_host_syncs.sbatch", "--batch-size", "1", "--max-steps", "7",
-                  *SHORT_VALIDATION, env=job_env(root / "runs", data), run_root=root / "runs")
+                  *SHORT_VALIDATION, *SMALL_MODEL, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
@@ -991,7 +995,7 @@ def test_slurm_08_counts_the_syncs_per_step(batch, request):
 @batched("test_slurm_09_runs_each_precision", seconds=85)
 def _mixed_precision(root, data):
     return sbatch("09_mixed_precision.sbatch", "--max-steps", "2", "--batch-size", "2",
-                  *SHORT_VALIDATION, env=job_env(root / "runs", data), run_root=root / "runs")
+                  *SHORT_VALIDATION, *SMALL_MODEL, env=job_env(root / "runs", data), run_root=root / "runs")
 
 
 @pytest.mark.slow
@@ -1042,7 +1046,7 @@ def test_slurm_efficiency_job_writes_its_table(batch, request):
          seconds=30)
 def _domain_parallel(root, data):
     return sbatch("13_domain_parallel.sbatch", "--epochs", "1", "--batch-size", "2",
-                  "--n-steps-input", "10", "--seed", "3", env=job_env(root / "runs", data),
+                  "--n-steps-input", "10", "--seed", "3", *SMALL_MODEL, env=job_env(root / "runs", data),
                   run_root=root / "runs")
 
 

@@ -74,6 +74,10 @@ TRAIN = (
     "1",
     "--max-steps",
     "3",
+    "--width",  # the tests' model (tests/test_slurm.py SMALL_MODEL)
+    "8",
+    "--modes",
+    "4",
     "--batch-size",
     "2",
     "--seed",
