@@ -153,7 +153,8 @@ def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
                              "--modes",
                              "weak", "--batch-size", "2", "--max-steps", "6", "--active", "2",
                              "--data-dir",
-                             str(tiny_data_dir), "--out", str(out), "--", "--bind", "none"],
+                             str(tiny_data_dir), "--out", str(out), "--", "--bind", "none",
+                             "--width", "8", "--modes", "4"],  # small model: less time, same checks
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     written = json.loads((out / "scaling.json").read_text())
