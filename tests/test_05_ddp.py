@@ -20,7 +20,7 @@ import torch
 from tests.checks import last_error_line, require, task
 from tests.conftest import PYTHON, REPO
 from tests.conftest import exit_of
-from tests.ddp_helpers import (N_TRAIN, SMALL, assert_ok, error_lines, free_port, launch,
+from tests.ddp_helpers import (N_TRAIN, SMALL, SMALL_MODEL, assert_ok, error_lines, free_port, launch,
                                max_relative_difference, one_rank_reference,
                                parameters, probe_env, read_probe)
 
@@ -154,7 +154,7 @@ def test_scaling_benchmark_writes_json_and_figure(tiny_data_dir, tmp_path):
                              "weak", "--batch-size", "2", "--max-steps", "6", "--active", "2",
                              "--data-dir",
                              str(tiny_data_dir), "--out", str(out), "--", "--bind", "none",
-                             "--width", "8", "--modes", "4"],  # small model: less time, same checks
+                             *SMALL_MODEL],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     written = json.loads((out / "scaling.json").read_text())

@@ -43,6 +43,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ddp_helpers import SMALL_MODEL
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,10 +113,8 @@ def _generate_data(tmp_path_factory) -> Path:
 # the validation and rollout that end every training are a few model calls, not ~30: half the CPU
 # time of a short run. For jobs whose checks do not need more training samples.
 SHORT_VALIDATION = ("--n-steps-input", "10")
-# The tests' model (tests/ddp_helpers.py SMALL): width 8, 4 modes, for jobs whose checks do not
-# depend on its size. A profiled run of the course's model (width 32, 12 modes) took 20 s of CPU
-# here, most of it torch's key_averages over 90,000 events; of this one, 7 s.
-SMALL_MODEL = ("--width", "8", "--modes", "4")
+# SMALL_MODEL (tests/ddp_helpers.py) for the jobs whose checks do not depend on the model's size:
+# most of a profiled run of the course's model is torch's key_averages over 90,000 events.
 
 
 def job_env(run_root: Path, well_data: Path, **extra: str) -> dict:

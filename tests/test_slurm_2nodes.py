@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.ddp_helpers import SMALL_MODEL
 from tests.test_slurm import (
     REPO,
     SLURM_DIR,
@@ -74,10 +75,7 @@ TRAIN = (
     "1",
     "--max-steps",
     "3",
-    "--width",  # the tests' model (tests/test_slurm.py SMALL_MODEL)
-    "8",
-    "--modes",
-    "4",
+    *SMALL_MODEL,
     "--batch-size",
     "2",
     "--seed",

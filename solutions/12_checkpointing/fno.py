@@ -138,7 +138,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
 
 def main(argv=None):
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
     ranks.run_on_every_rank(args, train)  # step 07's process group and watchdog (wellfno.ranks)
 
 
