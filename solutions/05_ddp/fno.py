@@ -129,6 +129,7 @@ def main(argv=None):
     check_gpu_not_shared(device)  # two ranks on one physical GPU: one line naming both
     try:
         train(args, env, backend, device)
+        dist.barrier()  # leave on a tensor-free collective (exercises/05_ddp/background.md)
     finally:
         dist.destroy_process_group()
 

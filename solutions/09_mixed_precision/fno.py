@@ -189,8 +189,9 @@ def main(argv=None):
                         f"{str(err).splitlines()[0] if str(err) else ''})") from None
     check_gpu_not_shared(device)  # two ranks on one physical GPU: one line naming both
     try:
-        with Watchdog(env.rank, env.world_size):  # one failing or dead rank ends all, in seconds
+        with Watchdog(env.rank, env.world_size) as watchdog:  # one failed rank ends all, in seconds
             train(args, env, backend, device)
+            watchdog.wait_for_all()  # 05's barrier, without --timeout's limit: rank 0 rolls out
     finally:
         dist.destroy_process_group()
 
