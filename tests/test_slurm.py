@@ -60,6 +60,25 @@ def _cmd(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
 
 
+# A node that can run jobs, whatever it is doing now. sinfo's %T adds flags to the state: "*" not
+# responding, "~" "#" "%" "!" power saving, "$" "@" "^" maintenance and reboots, "-" planned by
+# the backfill scheduler, "+" more states (https://slurm.schedmd.com/sinfo.html, NODE STATE CODES).
+USABLE_STATES = ("idle", "mixed", "allocated", "completing", "planned")
+
+
+def usable(state: str) -> bool:
+    return re.split(r"[^a-z_]", state.lower(), maxsplit=1)[0] in USABLE_STATES
+
+
+def node_states() -> list[list[str]]:
+    """[name, state, cpus] of each node, as sinfo lists them now ([] if sinfo does not answer)."""
+    try:
+        r = _cmd("sinfo", "-h", "-N", "-o", "%N %T %c")
+    except subprocess.TimeoutExpired:
+        return []
+    return [line.split() for line in r.stdout.strip().splitlines()] if r.returncode == 0 else []
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> dict:
     """The running cluster (sinfo answers, a node is usable); skip or, in CI, fail."""
@@ -75,8 +94,7 @@ def slurm_cluster() -> dict:
             problem = "no Slurm cluster answers to sinfo" + (f" ({r.stderr.strip()})" if r else "")
         else:
             nodes = [line.split() for line in r.stdout.strip().splitlines()]
-            usable = [n for n in nodes if n[1].rstrip("*~#") in ("idle", "mixed", "allocated", "completing")]
-            if not usable:
+            if not [n for n in nodes if usable(n[1])]:
                 problem = f"the Slurm cluster has no usable node: {r.stdout.strip()}"
     if problem:
         if os.environ.get("CI") == "true":
@@ -433,12 +451,11 @@ def test_slurm_gpu_select_keeps_what_slurm_set(slurm_gpus, tmp_path):
 @pytest.fixture(scope="session")
 def batch(request, slurm_cluster, slurm_data, tmp_path_factory):
     """The session's batch (see `batched`): {test id: what it submitted}."""
-    usable = {n for n, state, *_ in slurm_cluster["nodes"]
-              if state.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")}
+    up = {n for n, state, *_ in slurm_cluster["nodes"] if usable(state)}
     per_node = _gpus_per_node()
 
     def can(gpus, nodes):
-        return len(usable) >= nodes and per_node >= gpus
+        return len(up) >= nodes and per_node >= gpus
     if "batch" in _ONCE:  # submitted by another module's instance of this fixture
         yield _ONCE["batch"]
         return

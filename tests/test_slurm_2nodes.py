@@ -55,11 +55,13 @@ from tests.test_slurm import (
     error_lines,
     job_env,  # noqa: F401
     job_state,
+    node_states,
     run_job,
     sbatch,
     serial_stats,  # noqa: F401
     slurm_cluster,
     slurm_data,
+    usable,
     wait,
 )
 
@@ -85,17 +87,20 @@ TRAIN = (
 
 @pytest.fixture(scope="session")
 def two_nodes(slurm_cluster) -> list[str]:
-    """The names of two usable nodes (the first two that sinfo lists), or skip / fail in CI."""
-    nodes = sorted(
-        {
-            n
-            for n, state, *_ in slurm_cluster["nodes"]
-            if state.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")
-        }
-    )
+    """The names of two usable nodes (the first two that sinfo lists), or skip / fail in CI. Asked
+    again for up to 30 s while fewer are: a node between two jobs can be in a passing state."""
+    deadline = time.monotonic() + 30
+    states = slurm_cluster["nodes"]
+    while True:
+        nodes = sorted({n for n, state, *_ in states if usable(state)})
+        if len(nodes) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+        states = node_states()
     if len(nodes) < 2:
         msg = (
-            f"the Slurm cluster has {len(nodes)} usable node(s), the two-node jobs need 2; "
+            f"the Slurm cluster has {len(nodes)} usable node(s) (sinfo: "
+            f"{', '.join(' '.join(n[:2]) for n in states)}), the two-node jobs need 2; "
             f"restart it with sudo slurm/ci/start_cluster.sh (two nodes by default)"
         )
         if os.environ.get("CI") == "true":
