@@ -70,13 +70,19 @@ def usable(state: str) -> bool:
     return re.split(r"[^a-z_]", state.lower(), maxsplit=1)[0] in USABLE_STATES
 
 
-def node_states() -> list[list[str]]:
-    """[name, state, cpus] of each node, as sinfo lists them now ([] if sinfo does not answer)."""
+def _sinfo_nodes() -> subprocess.CompletedProcess | None:
+    """sinfo's line per node, "name state cpus" (None if it does not answer in time)."""
     try:
-        r = _cmd("sinfo", "-h", "-N", "-o", "%N %T %c")
+        return _cmd("sinfo", "-h", "-N", "-o", "%N %T %c")
     except subprocess.TimeoutExpired:
-        return []
-    return [line.split() for line in r.stdout.strip().splitlines()] if r.returncode == 0 else []
+        return None
+
+
+def node_states(r: subprocess.CompletedProcess | None = None) -> list[list[str]]:
+    """[name, state, cpus] of each node in sinfo's answer `r` (default: ask it now); [] if it did
+    not answer."""
+    r = r if r is not None else _sinfo_nodes()
+    return [line.split() for line in r.stdout.strip().splitlines()] if r and r.returncode == 0 else []
 
 
 @pytest.fixture(scope="session")
@@ -86,16 +92,12 @@ def slurm_cluster() -> dict:
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         problem = "Slurm client tools (sinfo, sbatch) are not installed"
     else:
-        try:
-            r = _cmd("sinfo", "-h", "-N", "-o", "%N %T %c")
-        except subprocess.TimeoutExpired:
-            r = None
-        if r is None or r.returncode != 0 or not r.stdout.strip():
+        r = _sinfo_nodes()
+        nodes = node_states(r)
+        if not nodes:
             problem = "no Slurm cluster answers to sinfo" + (f" ({r.stderr.strip()})" if r else "")
-        else:
-            nodes = [line.split() for line in r.stdout.strip().splitlines()]
-            if not [n for n in nodes if usable(n[1])]:
-                problem = f"the Slurm cluster has no usable node: {r.stdout.strip()}"
+        elif not [n for n in nodes if usable(n[1])]:
+            problem = f"the Slurm cluster has no usable node: {r.stdout.strip()}"
     if problem:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{problem}; .ci/run should have started the local test cluster "

@@ -83,7 +83,8 @@ def open_dataset_rank_0_first(args, env):
 
 def run_on_every_rank(args, train):
     """Solution 07's `main` after parse_args: this rank's backend and device, the process group,
-    `train(args, env, backend, device)` under the watchdog. Step 07's statements
+    `train(args, env, backend, device)` under the watchdog, then every rank waits for the others
+    before the group is destroyed (exercises/05_ddp/background.md). Step 07's statements
     (tests/test_drift.py); called from solution 12 on."""
     env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
     device = pick_device(args.device)
