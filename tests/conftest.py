@@ -242,16 +242,19 @@ def exit_of(module, *argv) -> subprocess.CompletedProcess:
     import traceback
     import warnings
 
-    from wellfno.cli import run_main
+    from wellfno import cli
 
     stdout, stderr, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
-            warnings.catch_warnings(record=True) as caught:
+            warnings.catch_warnings(record=True) as caught, pytest.MonkeyPatch.context() as patch:
+        # run_main ends the process with cli.leave (os._exit after the atexit handlers); here it
+        # ends with the SystemExit of the same status (tests/test_cli.py checks leave itself)
+        patch.setattr(cli, "leave", sys.exit)
         warnings.resetwarnings()
         for action, category, where in reversed(DEFAULT_WARNING_FILTERS):
             warnings.filterwarnings(action, category=category, module=where)
         try:
-            run_main(lambda: call_main(module, *argv))
+            cli.run_main(lambda: call_main(module, *argv))
         except SystemExit as exit_info:
             code = exit_info.code if isinstance(exit_info.code, int) else (exit_info.code is not None)
         except BaseException:  # noqa: BLE001 - what the interpreter would print and exit with

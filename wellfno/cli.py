@@ -13,24 +13,58 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 
 class UserError(Exception):
     """A problem the user can fix; its message says how."""
 
 
-def run_main(main: Callable[[], Any]) -> None:
+def run_main(main: Callable[[], Any]) -> NoReturn:
     """Run `main`; turn a UserError (or Ctrl-C) into one line on stderr and a non-zero exit."""
     try:
         rc = main()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        leave(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(rc or 0)
+        leave(130)
+    leave(rc or 0)
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with `code` as sys.exit would, without Python's final teardown.
+
+    What a clean exit needs happens here, in the order the interpreter does it: the other
+    (non-daemon) threads are joined, the atexit handlers run (logging's, multiprocessing's,
+    which ends DataLoader workers, torch's own), stdout and stderr are flushed. Skipped is what
+    comes after (Py_FinalizeEx): the garbage collection and teardown of every module and object,
+    which finalizes nothing the course needs (every file it writes is closed and renamed in
+    place before main returns) and costs (tests/exit_cost.py):
+    - 0.5-1 s of CPU in every process that imported torch, most of it collecting the objects of
+      torch's import (`gc.freeze()` before exit saves nearly as much);
+    - the moment that can abort a rank that finished its work: gloo's worker threads outlive
+      dist.destroy_process_group(), and one that needs Python while the interpreter shuts down
+      makes the C++ runtime abort the process (SIGABRT, "terminate called without an active
+      exception"; pytorch/pytorch#179291, exercises/05_ddp/background.md). Leaving with
+      os._exit ends those threads with the process instead (tests/gloo_exit_repro.py).
+    """
+    import atexit
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)  # what Py_FinalizeEx calls first
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # then this
+    if shutdown is None or run_exit_handlers is None:  # not CPython: the ordinary exit
+        sys.exit(code)
+    shutdown()
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or file: nothing more can be said there
+            pass
+    os._exit(code if isinstance(code, int) and 0 <= code <= 255 else 1)
 
 
 @contextmanager
