@@ -13,9 +13,11 @@ import pytest
 from tests.conftest import REPO
 
 PROGRAM = textwrap.dedent("""
-    import atexit, sys, threading, time
+    import atexit, gc, sys, threading, time
     from pathlib import Path
     from wellfno import cli
+
+    gc.disable()  # no collection before the end: only the interpreter's teardown finalizes cycles
 
     folder, how = Path(sys.argv[1]), sys.argv[2]
 
