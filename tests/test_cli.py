@@ -78,3 +78,13 @@ def test_leaving_skips_the_final_collection(tmp_path):
     _, left = _run(tmp_path, "leave")
     assert ordinary.get("finalized") == "yes", "the comparison is void: sys.exit did not finalize"
     assert "finalized" not in left, "leave ran Python's final teardown"
+
+
+def test_an_interactive_session_goes_on_after_the_script(tmp_path):
+    """`python -i` (or `%run` in Jupyter) keeps the interpreter after the script: leave must not
+    end the process there, only raise SystemExit as sys.exit does."""
+    program = ("from wellfno import cli\ntry:\n    cli.run_main(lambda: 3)\nexcept SystemExit as e:\n"
+               "    print('still here, status', e.code)\n")
+    result = subprocess.run([sys.executable, "-i", "-c", program], cwd=REPO, input="",
+                            capture_output=True, text=True, timeout=60)
+    assert "still here, status 3" in result.stdout, result.stdout + result.stderr

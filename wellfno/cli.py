@@ -57,6 +57,8 @@ def leave(code: int) -> NoReturn:
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # then this
     if shutdown is None or run_exit_handlers is None:  # not CPython: the ordinary exit
         sys.exit(code)
+    if sys.flags.interactive or "IPython" in sys.modules:  # `python -i`, `%run` in Jupyter:
+        sys.exit(code)  # the session goes on after the script, so it must not end the process
     shutdown()
     run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
