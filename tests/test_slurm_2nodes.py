@@ -432,9 +432,13 @@ def test_slurm_2nodes_node_lost_mid_epoch_then_resume_on_one_node(
             "06_exact_metrics.sbatch", "--out", str(job.run_dir), "--resume", "--epochs", "2",
             "--batch-size", "2", env=env, run_root=run_root,
         )
-        wait(job, timeout=60)
-        assert job.state in ("NODE_FAIL", "FAILED"), job.logs()
-        _check_resumed(wait(resumed, timeout=400), job, first, second)
+        try:
+            wait(job, timeout=60)
+            assert job.state in ("NODE_FAIL", "FAILED"), job.logs()
+            _check_resumed(wait(resumed, timeout=400), job, first, second)
+        finally:  # a failed check must not leave the resumed job in the way of the next tests
+            if resumed.state not in TERMINAL:
+                subprocess.run(["scancel", resumed.id], capture_output=True, timeout=30)
     finally:
         if restart is not None:
             _, err = restart.communicate(timeout=120)
