@@ -71,7 +71,7 @@ def test_a_user_error_leaves_with_one_line_and_status_2(tmp_path):
 
 
 def test_leaving_skips_the_final_collection(tmp_path):
-    """The teardown that costs 0.5-1 s of CPU after `import torch` (tests/exit_cost.py), and in
+    """The teardown that costs about 0.55 s of CPU after `import fno` (tests/exit_cost.py), and in
     which gloo's left-over threads can abort a rank (tests/gloo_exit_repro.py), is not run: an
     object in a reference cycle is finalized by sys.exit's teardown, not by leave's."""
     _, ordinary = _run(tmp_path, "sys.exit")

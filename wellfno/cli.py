@@ -42,8 +42,9 @@ def leave(code: int) -> NoReturn:
     comes after (Py_FinalizeEx): the garbage collection and teardown of every module and object,
     which finalizes nothing the course needs (every file it writes is closed and renamed in
     place before main returns) and costs (tests/exit_cost.py):
-    - 0.5-1 s of CPU in every process that imported torch, most of it collecting the objects of
-      torch's import (`gc.freeze()` before exit saves nearly as much);
+    - about 0.55 s of CPU in every process after `import fno` (0.54 and 0.58 s on two 2-core
+      VMs), most of it collecting the objects of torch's import (`gc.freeze()` before exit
+      saves nearly as much);
     - the moment that can abort a rank that finished its work: gloo's worker threads outlive
       dist.destroy_process_group(), and one that needs Python while the interpreter shuts down
       makes the C++ runtime abort the process (SIGABRT, "terminate called without an active
