@@ -272,11 +272,27 @@ def script_under_test(request, default: str) -> Path:
     return path if path.is_absolute() else (Path.cwd() / path).resolve()
 
 
+# tests/startup/sitecustomize.py: the garbage collector's thresholds of every process the tests
+# start (tests/startup/suite_gc.py says why: 0.45 s of CPU less in each short training run).
+STARTUP = REPO / "tests" / "startup"
+
+
+def with_seam(folder: Path) -> str:
+    """PYTHONPATH for a process whose start-up `folder`'s sitecustomize changes (a seam), ahead of
+    what the tests already put there (tests/startup, which that seam's sitecustomize imports)."""
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+
+
 def pytest_configure(config):
     # Exercise 04's tests pick their script at import time from STATS_SCRIPT; --script works there too.
     chosen = config.getoption("--script", default=None)
     if chosen:
         os.environ.setdefault("STATS_SCRIPT", str(Path(chosen).resolve()))
+    # Every process this one starts, except the workers of `pytest -n` (in the controller: no
+    # workerinput, a number of processes), whose children get it from them.
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if not controller and str(STARTUP) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = with_seam(STARTUP)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks

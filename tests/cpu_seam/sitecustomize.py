@@ -8,6 +8,13 @@ this machine's (so nothing picks instructions this machine lacks). The bf16 chec
 script then runs as on the recorded CPU; the arithmetic is this machine's (oneDNN detects the CPU
 itself), which is the same rounding, emulated or not.
 """
+try:  # the suite's garbage collector thresholds (tests/startup): this file stands in for that one
+    import suite_gc
+
+    suite_gc.apply()
+except ImportError:  # started without tests/startup on PYTHONPATH
+    pass
+
 import importlib.abc
 import importlib.util
 import os
