@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from tests.checks import last_error_line, require
-from tests.conftest import PYTHON, REPO, with_seam
+from tests.conftest import PYTHON, REPO, pythonpath_with
 
 PROBE = Path(__file__).resolve().parent / "ddp_probe"
 # 8 train, 4 valid samples; a small model (the checks compare ranks with one rank, not the model's
@@ -41,7 +41,7 @@ def free_port() -> int:
 
 
 def probe_env(log_dir: Path | None = None, fail: str | None = None) -> dict:
-    env = {"PYTHONPATH": with_seam(PROBE)}
+    env = {"PYTHONPATH": pythonpath_with(PROBE)}
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         env["WELLFNO_PROBE_LOG"] = str(log_dir)

@@ -29,8 +29,10 @@ PROGRAMS = {
 
 
 def cpu_seconds(argv, data_dir: Path, out: Path, suite: bool) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(OMP_NUM_THREADS="1", **({"PYTHONPATH": str(STARTUP)} if suite else {}))
+    # the PYTHONPATH it was started with (a site's module may need it), less or plus tests/startup
+    site = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(([str(STARTUP)] if suite else []) + site)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, *argv, "--data-dir", str(data_dir), "--out", str(out)],
                    cwd=REPO, check=True, env=env, stdout=subprocess.DEVNULL,

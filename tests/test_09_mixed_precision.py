@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.checks import last_error_line, require, task
-from tests.conftest import REPO, run_script, with_seam
+from tests.conftest import REPO, run_script, pythonpath_with
 from tests.fixtures.cpuinfo import RECORDED
 from tests.train_helpers import RUN, per_step_losses, run_once, train
 from wellfno.amp import cpu_bf16_units, cpu_flags, cpuinfo_flags
@@ -23,7 +23,7 @@ CPU_SEAM = REPO / "tests" / "cpu_seam"  # torch.cpu.get_capabilities() as on a r
 def as_cpu(name: str) -> dict:
     """The environment that runs a script as on the recorded CPU `name` for wellfno.amp's bf16
     check (tests/cpu_seam/sitecustomize.py; tests/fixtures/cpuinfo.py)."""
-    return {"PYTHONPATH": with_seam(CPU_SEAM), "WELLFNO_CPU_SEAM_FLAGS": " ".join(
+    return {"PYTHONPATH": pythonpath_with(CPU_SEAM), "WELLFNO_CPU_SEAM_FLAGS": " ".join(
         sorted(cpuinfo_flags(RECORDED[name][1])))}
 
 

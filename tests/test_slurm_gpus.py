@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import with_seam
+from tests.conftest import pythonpath_with
 from tests.fixtures import make_sysfs
 from tests.test_slurm import (REPO, _submit_all, batch, batched, error_lines,  # noqa: F401
                               job_env, sbatch, slurm_cluster, slurm_data, slurm_gpus, wait)
@@ -39,7 +39,7 @@ SELECTION_ERRORS = ("GPUs visible", "both drive GPU", "sees no GPU", "invalid de
 def seam_env(root: Path, well_data: Path, vendor: str, **extra: str) -> dict:
     env = job_env(root / "runs", well_data, GPU_VENDOR=vendor, CPUS_PER_GPU="1",
                   LOCAL_TMP=str(root / "local"), WELLFNO_GPU_SEAM=str(root / "seam"),
-                  WELLFNO_GPU_SEAM_PCI=",".join(RECORDED_PCI[vendor]), PYTHONPATH=with_seam(SEAM))
+                  WELLFNO_GPU_SEAM_PCI=",".join(RECORDED_PCI[vendor]), PYTHONPATH=pythonpath_with(SEAM))
     env.update(extra)
     return env
 

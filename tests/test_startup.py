@@ -4,7 +4,7 @@ import gc
 import os
 import subprocess
 
-from tests.conftest import PYTHON, STARTUP, run_script, with_seam
+from tests.conftest import PYTHON, STARTUP, run_script, pythonpath_with
 from tests.ddp_helpers import PROBE
 from tests.test_09_mixed_precision import as_cpu
 
@@ -18,7 +18,9 @@ def thresholds(env=None) -> str:
 
 
 def interpreters_own() -> str:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    """What a process prints without tests/startup (the rest of PYTHONPATH kept)."""
+    kept = [p for p in os.environ["PYTHONPATH"].split(os.pathsep) if p and p != str(STARTUP)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(kept)}
     return subprocess.run([PYTHON, "-c", SHOW], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
@@ -35,7 +37,7 @@ def test_a_seam_keeps_them():
     from tests.startup.suite_gc import THRESHOLDS
 
     assert thresholds(as_cpu("amd_epyc_7763")) == str(THRESHOLDS)
-    assert thresholds({"PYTHONPATH": with_seam(PROBE)}) == str(THRESHOLDS)
+    assert thresholds({"PYTHONPATH": pythonpath_with(PROBE)}) == str(THRESHOLDS)
 
 
 def test_the_pytest_process_keeps_the_interpreters_own():

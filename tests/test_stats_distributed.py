@@ -30,7 +30,7 @@ import yaml
 
 import wellfno.stats as S
 from tests.checks import last_error_line, require, require_run, task
-from tests.conftest import import_script, with_seam
+from tests.conftest import import_script, pythonpath_with
 from tests.test_stats import TINY_CHUNK_MB, make_dataset, reference_stats, without_loss_weight
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +202,7 @@ def srun_like(dataset, out, ntasks, *extra, env_extra=None, timeout=TIMEOUT, scr
 
 def injected(inject_dir: Path, **variables) -> dict:
     """Environment that loads the sitecustomize above, ahead of whatever PYTHONPATH was."""
-    return {"PYTHONPATH": with_seam(inject_dir), **variables}
+    return {"PYTHONPATH": pythonpath_with(inject_dir), **variables}
 
 
 # ---- tasks 3 and 4, in this process: the participant's split and merge (no launch, a second each)

@@ -4,8 +4,9 @@ Most of `make test`'s CPU time is Python processes starting: each imports torch,
 the_well, and a training run imports torch._dynamo at its first `torch.optim` call. Those imports
 create about a million objects, and CPython's generational collector, at its default thresholds
 (700, 10, 10), traverses what was allocated so far again and again while they do: 0.6 s of CPU
-in `import fno` + torch._dynamo (gc.callbacks timing: 15-20 % of the import), 0.45-0.7 s of a
-short training run, a quarter of a profiled run (whose key_averages build 100,000 events).
+in `import fno` + torch._dynamo (gc.callbacks timing: 15-20 % of the import), 0.75 s of a
+1-epoch training run, 3.7 s of a profiled one (whose key_averages build 100,000 events):
+`.venv/bin/python tests/gc_cost.py`.
 
 With a first threshold of 1,000,000 no collection runs until a process holds a million more
 container objects than it freed: a short run of the course's scripts never gets there (no
