@@ -10,6 +10,7 @@ exercise: one line in CASES (its check, the previous step's script, its number, 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -47,19 +48,52 @@ DUMPS = re.compile(r"tensor\(|array\(|Traceback|^E\s+assert |^E\s+where |\{'|^>\
 SUMMARY = re.compile(r"^(FAILED|ERROR) (?P<test>\S+)(?: - (?P<message>.*))?$", re.M)
 
 
-@pytest.mark.slow  # a pytest run per exercise, each importing torch and running the previous step
-@pytest.mark.parametrize("check, previous, exercise, chosen", CASES,
-                         ids=[case[2] for case in CASES])
-def test_failures_on_the_previous_step_name_their_task(check, previous, exercise, chosen):
-    env = {k: v for k, v in os.environ.items() if k != "STATS_SCRIPT"}
+# The 13 runs in one process, one pytest.main after another: a pytest process per exercise would
+# import torch, neuralop and the conftest 13 times (about 4 s of CPU each on the 2-core CI VM).
+# Each case has its own check file, so no test module is imported twice; exercise 04's picks its
+# script at import from STATS_SCRIPT, which conftest.pytest_configure sets from --script with
+# setdefault, so it is cleared before each run. Each run's report is what a participant's
+# terminal shows (pytest writes it to sys.stdout, here a buffer per run).
+RUN_EACH = """
+import contextlib, io, json, os, sys
+import pytest
+reports = []
+for args in json.loads(sys.argv[1]):
+    os.environ.pop("STATS_SCRIPT", None)
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):
+        status = pytest.main(args)
+    reports.append([int(status), report.getvalue()])
+print(json.dumps(reports))
+"""
+
+
+def pytest_args(check, previous, chosen) -> list[str]:
     which = ["-m", "not slow and not gpu"] if chosen is None else \
         ["-m", "not gpu and not slurm", "-k", chosen]
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
-                             *which, "--show-capture=no", check, "--script", previous],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    out = result.stdout
-    assert result.returncode == 1, (f"{check} on {previous}: expected failures, got exit "
-                                    f"{result.returncode}:\n{out[-2000:]}")
+    return ["-q", "-p", "no:cacheprovider", "-rfE", *which, "--show-capture=no", check,
+            "--script", previous]
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    """exercise -> (pytest's exit status, its report) of each case's check on the previous step."""
+    env = {k: v for k, v in os.environ.items() if k != "STATS_SCRIPT"}
+    cases = [pytest_args(check, previous, chosen) for check, previous, _, chosen in CASES]
+    result = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(cases)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, f"the checks' runner failed:\n{result.stderr[-3000:]}"
+    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    return {case[2]: tuple(run) for case, run in zip(CASES, runs)}
+
+
+@pytest.mark.slow  # a pytest run per exercise, each running the previous step
+@pytest.mark.parametrize("check, previous, exercise, chosen", CASES,
+                         ids=[case[2] for case in CASES])
+def test_failures_on_the_previous_step_name_their_task(reports, check, previous, exercise, chosen):
+    status, out = reports[exercise]
+    assert status == 1, (f"{check} on {previous}: expected failures, got exit "
+                         f"{status}:\n{out[-2000:]}")
     failed = SUMMARY.findall(out)
     assert failed, f"no FAILED/ERROR lines in:\n{out[-2000:]}"
     # each failure's own section: the text between its header line and the next one
