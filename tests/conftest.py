@@ -250,6 +250,8 @@ def exit_of(module, *argv) -> subprocess.CompletedProcess:
         # run_main ends the process with cli.leave (os._exit after the atexit handlers); here it
         # ends with the SystemExit of the same status (tests/test_cli.py checks leave itself)
         patch.setattr(cli, "leave", sys.exit)
+        # argparse names the program after sys.argv[0]: "fno.py: error: ...", as in the process
+        patch.setattr(sys, "argv", [getattr(module, "__file__", "script"), *map(str, argv)])
         warnings.resetwarnings()
         for action, category, where in reversed(DEFAULT_WARNING_FILTERS):
             warnings.filterwarnings(action, category=category, module=where)

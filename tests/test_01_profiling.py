@@ -12,11 +12,12 @@ exercises/01_profiling/README.md that fixes it (tests/checks.py).
 import gzip
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from tests.checks import require, require_run, run_main_or_fail, task
-from tests.conftest import call_main, run_script
+from tests.conftest import call_main, exit_of
 from wellfno.cli import UserError
 
 STEP = "01_profiling"
@@ -25,10 +26,11 @@ TINY = ["--batch-size", "1", "--epochs", "1", "--width", "8", "--modes", "4"]
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 
-def profiled_run(script, tiny_data_dir, out, max_steps):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", out, "--profile", "--max-steps", max_steps,
-                        *TINY, timeout=120)
-    require_run(result, f"{script.name} --profile --max-steps {max_steps}",
+def profiled_run(module, tiny_data_dir, out, max_steps):
+    # `python SCRIPT ...` in this process (conftest.py's exit_of): its exit status and output
+    result = exit_of(module, "--data-dir", tiny_data_dir, "--out", out, "--profile", "--max-steps", max_steps,
+                     *TINY)
+    require_run(result, f"{Path(module.__file__).name} --profile --max-steps {max_steps}",
                 f"add --profile {task('01', 2)} and bound it by --max-steps {task('01', 3)}")
     found = sorted(out.glob("*rank0*.json*"))
     require(len(found) == 1, f"found {len(found)} trace files named after rank 0 in the output folder "
@@ -42,9 +44,9 @@ MAX_STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def profiled(script, tiny_data_dir, tmp_path_factory):
+def profiled(script_module, tiny_data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile")
-    return (out, *profiled_run(script, tiny_data_dir, out, MAX_STEPS))
+    return (out, *profiled_run(script_module, tiny_data_dir, out, MAX_STEPS))
 
 
 def complete(trace):

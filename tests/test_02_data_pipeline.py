@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.checks import require, require_run, run_main_or_fail, task
-from tests.conftest import call_main, exit_of, run_script
+from tests.conftest import call_main, exit_of
 from wellfno.cli import UserError
 
 STEP = "02_data_pipeline"
@@ -78,10 +78,11 @@ def test_worker_options_without_workers_run(fno, tiny_data_dir, tmp_path):
     require(samples == 12, f"--max-steps 3 at batch 4 trained {samples} samples (allowed: 12) {task('02', 2)}")
 
 
-@pytest.mark.slow  # a whole run in a child process
-def test_pin_memory_on_cpu_is_a_one_line_note(script, tiny_data_dir, tmp_path):
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "run", *FAST, "--device", "cpu",
-                        "--pin-memory", env={"PYTHONWARNINGS": "default"})
+@pytest.mark.slow
+def test_pin_memory_on_cpu_is_a_one_line_note(fno, tiny_data_dir, tmp_path):
+    # `python SCRIPT ...` in this process, warnings shown as the interpreter shows them (exit_of)
+    result = exit_of(fno, "--data-dir", tiny_data_dir, "--out", tmp_path / "run", *FAST, "--device", "cpu",
+                     "--pin-memory")
     require_run(result, "--pin-memory on the CPU", f"it must run there too {task('02', 2)}")
     said = (result.stdout + result.stderr).replace(str(tmp_path), "")
     notes = [line for line in said.splitlines() if "pin" in line.lower()]
@@ -115,8 +116,8 @@ def test_negative_workers_is_one_line_error(script_module, tmp_path):
             f"`error:` line naming --num-workers): raise a UserError {task('02', 2)}")
 
 
-def test_fast_reader_trains_exactly_like_welldataset(script, fno, reference, tiny_data_dir, tmp_path):
-    if "--fast-reader" not in run_script(script, "--help").stdout:  # solution 03 on: wellfno.options
+def test_fast_reader_trains_exactly_like_welldataset(fno, reference, tiny_data_dir, tmp_path):
+    if "--fast-reader" not in exit_of(fno, "--help").stdout:  # solution 03 on: wellfno.options
         pytest.skip("optional task: --fast-reader not in this script")
     fast = train(fno, tiny_data_dir, tmp_path / "fast", "--n-steps-input", 2, "--fast-reader", "--num-workers", 2)
     differ = sum(a != b for a, b in zip(losses(fast), losses(reference)))

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.checks import last_error_line, require, task
-from tests.conftest import REPO, run_script, pythonpath_with
+from tests.conftest import REPO, exit_of, pythonpath_with
 from tests.fixtures.cpuinfo import RECORDED
 from tests.train_helpers import RUN, per_step_losses, run_once, train
-from wellfno.amp import cpu_bf16_units, cpu_flags, cpuinfo_flags
+from wellfno.amp import CPU_BF16_UNITS, cpu_bf16_units, cpu_flags, cpuinfo_flags
 
 STEP = "09_mixed_precision"  # the cross-step matrix (tests/conftest.py) supplies `script`
 STEPS = ["--max-steps", "5", "--log-every", "1"]
@@ -99,20 +99,26 @@ def _assert_bf16_refused(result, out):
 
 
 @pytest.mark.parametrize("cpu", ["amd_epyc_7763", "intel_xeon_8259cl"])
-def test_bf16_on_a_cpu_without_bf16_units_is_one_line_error(script, tiny_data_dir, tmp_path, cpu):
-    """The real script, as on an AVX2-only EPYC and on an AVX-512 Xeon without AVX512_BF16."""
+def test_bf16_on_a_cpu_without_bf16_units_is_one_line_error(script_module, tiny_data_dir, tmp_path,
+                                                            monkeypatch, cpu):
+    """The real script, as on an AVX2-only EPYC and on an AVX-512 Xeon without AVX512_BF16: in
+    this process (exit_of), torch.cpu.get_capabilities() naming the recorded CPU's bf16 units as
+    tests/cpu_seam does in a process of its own."""
+    flags, real = cpuinfo_flags(RECORDED[cpu][1]), torch.cpu.get_capabilities
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {
+        **real(), **{name: name in flags for name in CPU_BF16_UNITS}})
     out = tmp_path / "out"
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", out, *RUN, "--amp", "bf16",
-                        "--device", "cpu", env=as_cpu(cpu))
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", out, *RUN, "--amp",
+                     "bf16", "--device", "cpu")
     _assert_bf16_refused(result, out)
 
 
-def test_bf16_refused_here_if_this_cpu_has_no_bf16_units(script, tiny_data_dir, tmp_path):
+def test_bf16_refused_here_if_this_cpu_has_no_bf16_units(script_module, tiny_data_dir, tmp_path):
     if this_cpu_has_bf16_units():
         pytest.skip(f"this CPU has {', '.join(cpu_bf16_units(cpu_flags()))}: bf16 runs here")
     out = tmp_path / "out"
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", out, *RUN, "--amp", "bf16",
-                        "--device", "cpu")
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", out, *RUN, "--amp",
+                     "bf16", "--device", "cpu")
     _assert_bf16_refused(result, out)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.checks import require, require_refused, task
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, exit_of, run_script
 from tests.train_helpers import RUN, per_step_losses, run_once, train
 from wellfno import flops
 
@@ -35,12 +35,13 @@ def test_compile_tracks_float32(script, tiny_data_dir, finished_run, tmp_path):
             f"record the first (compiling) step apart {task('11', 1)}")
 
 
-@pytest.mark.slow
-def test_compile_without_a_compiler_is_one_line_error(script, tiny_data_dir, tmp_path):
-    # No g++ or clang++ on PATH (the script is started by absolute path, so it needs none).
-    result = run_script(script, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
-                        "--compile",
-                        "--device", "cpu", env={"PATH": str(tmp_path / "empty"), "CXX": "g++"})
+def test_compile_without_a_compiler_is_one_line_error(script_module, tiny_data_dir, tmp_path,
+                                                      monkeypatch):
+    # No g++ or clang++ on PATH; `python SCRIPT ...` in this process (exit_of)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CXX", "g++")
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                     "--compile", "--device", "cpu")
     require_refused(result, "--compile without a C++ compiler on PATH", "refuse it with "
                     f"check_compiler {task('11', 1)}", naming=["compiler", "without --compile"],
                     out=tmp_path / "out")
