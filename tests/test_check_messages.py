@@ -3,7 +3,8 @@
 A participant who runs exercise NN's check on the script of the step before (nothing of the
 exercise done yet) must read, for every failing check, one sentence ending in
 `(exercise NN, task N)` (tests/checks.py), and no dump of tensors, arrays, dicts or a traceback.
-Runs each check as the README gives it, with `--script` = the unchanged previous step, on the
+Runs each check with the README's arguments (all 13 in one pytest process, below), with
+`--script` = the unchanged previous step, on the
 quick checks only (`-m "not slow"`, so each run takes seconds), or, where a check-your-work file
 has no quick check that the previous step fails, a few cheap slow ones picked by name. Adding an
 exercise: one line in CASES (its check, the previous step's script, its number, which checks).
@@ -64,7 +65,7 @@ for args in json.loads(sys.argv[1]):
     with contextlib.redirect_stdout(report):
         status = pytest.main(args)
     reports.append([int(status), report.getvalue()])
-print(json.dumps(reports))
+print("\\nREPORTS", json.dumps(reports))  # on a line of its own, after whatever a run printed
 """
 
 
@@ -83,7 +84,7 @@ def reports() -> dict:
     result = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(cases)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, f"the checks' runner failed:\n{result.stderr[-3000:]}"
-    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    runs = json.loads(result.stdout.rsplit("\nREPORTS ", 1)[-1])
     return {case[2]: tuple(run) for case, run in zip(CASES, runs)}
 
 
