@@ -289,10 +289,11 @@ def pythonpath_with(folder: Path) -> str:
 def pytest_configure(config):
     # a new session's times (pytest.main runs again in one process: tests/test_check_messages.py)
     _SECONDS_BY_KIND.clear()
-    # Exercise 04's tests pick their script at import time from STATS_SCRIPT; --script works there too.
+    # Exercise 04's tests pick their script at import time from STATS_SCRIPT; --script works there
+    # too, and wins over a STATS_SCRIPT already set (a session before this one in the same process).
     chosen = config.getoption("--script", default=None)
     if chosen:
-        os.environ.setdefault("STATS_SCRIPT", str(Path(chosen).resolve()))
+        os.environ["STATS_SCRIPT"] = str(Path(chosen).resolve())
     # Every process this one starts, except the workers of `pytest -n` (in the controller: no
     # workerinput, a number of processes), whose children get it from them.
     controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
