@@ -127,3 +127,169 @@ def test_an_interrupted_write_leaves_no_file(tmp_path):
         write_well_file(path, dataset_name="x", time=np.arange(3), coords={"x": np.arange(4), "y": np.arange(4)},
                         t0_fields=bad)
     assert list(path.parent.iterdir()) == [], "neither the file nor a temporary file may be left"
+
+
+# --- A dataset is written whole or not at all, and never mixed with another (issue 35, point 1) ---
+
+def dataset_files(dataset_dir):
+    """Every file of a dataset folder with its bytes: what must not change when a run is refused."""
+    return {str(p.relative_to(dataset_dir)): p.read_bytes() for p in sorted(dataset_dir.rglob("*"))
+            if p.is_file()}
+
+
+def grids_of(dataset_dir):
+    with_grid = set()
+    for path in dataset_dir.glob("data/*/*.hdf5"):
+        with h5py.File(path) as f:
+            with_grid.add(f["t0_fields/A"].shape[-2:])
+    return with_grid
+
+
+def test_a_dataset_of_another_size_is_refused_in_one_line_and_kept(tiny_data_copy):
+    """Exercise 08's old hint (`--size tiny` into make data's folder) replaced two regimes' files
+    of the demo set with 16x16 ones: now the folder is named with the fix, and nothing changes."""
+    from tests.conftest import exit_of
+
+    dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
+    before = dataset_files(dataset_dir)
+    result = exit_of(grayscott, "--data-dir", tiny_data_copy, "--size", "demo")
+    said = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(said) == 1 and said[0].startswith("error: "), result
+    assert str(dataset_dir) in said[0] and "size tiny" in said[0] and "size demo" in said[0]
+    assert "--data-dir data_demo" in said[0] and "--force" in said[0]
+    assert dataset_files(dataset_dir) == before
+    assert sorted(p.name for p in dataset_dir.parent.iterdir()) == [grayscott.EMBEDDED]
+
+
+def test_the_same_dataset_again_is_nothing_to_do(tiny_data_copy):
+    from tests.conftest import exit_of
+
+    dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
+    before = {p: p.stat().st_mtime_ns for p in dataset_dir.rglob("*")}
+    result = exit_of(grayscott, "--data-dir", tiny_data_copy, "--size", "tiny")
+    assert result.returncode == 0 and "nothing to do" in result.stdout, result
+    assert {p: p.stat().st_mtime_ns for p in dataset_dir.rglob("*")} == before
+
+
+def test_a_dataset_without_a_record_is_refused(tiny_data_copy):
+    """A dataset an older generator left (no generator.json), mixed or not, is not written into."""
+    from tests.conftest import exit_of
+
+    dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
+    (dataset_dir / grayscott.RECORD).unlink()
+    before = dataset_files(dataset_dir)
+    result = exit_of(grayscott, "--data-dir", tiny_data_copy, "--size", "tiny")
+    assert result.returncode == 2 and "without a record" in result.stderr, result
+    assert "--force" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert dataset_files(dataset_dir) == before
+
+
+def test_force_replaces_the_whole_dataset(tiny_data_copy):
+    from dataclasses import replace
+
+    dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
+    assert grids_of(dataset_dir) == {(16, 16)}
+    smaller = replace(grayscott.SIZES["tiny"], resolution=12, n_steps=3, regimes=("maze",))
+    grayscott.generate(tiny_data_copy, smaller, quiet=True, force=True)
+    assert grids_of(dataset_dir) == {(12, 12)}
+    assert not list(dataset_dir.glob("data/*/*spots*")), "no file of the old dataset may be left"
+    assert sorted(p.name for p in dataset_dir.parent.iterdir()) == [grayscott.EMBEDDED]
+
+
+@pytest.mark.parametrize("already_there", [False, True])
+def test_a_failed_generation_leaves_no_half_dataset(tiny_data_copy, tmp_path, monkeypatch,
+                                                    already_there):
+    """Killed or failing after its first file: the old dataset (with --force) or none, no mix."""
+    data_dir = tiny_data_copy if already_there else tmp_path / "fresh"
+    dataset_dir = data_dir / "datasets" / grayscott.EMBEDDED
+    before = dataset_files(dataset_dir) if already_there else None
+    written = []
+
+    def one_file_then_interrupt(path, **kwargs):
+        if written:
+            raise KeyboardInterrupt  # Ctrl-C, or a job's time limit, halfway through
+        written.append(path)
+        return write_well_file(path, **kwargs)
+
+    from wellfno.wellformat import write_well_file
+
+    monkeypatch.setattr(grayscott, "write_well_file", one_file_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        grayscott.generate(data_dir, "tiny", seed=1, quiet=True, force=True)
+    assert written, "the generator wrote its first file before the interruption"
+    if already_there:
+        assert dataset_files(dataset_dir) == before
+        assert sorted(p.name for p in dataset_dir.parent.iterdir()) == [grayscott.EMBEDDED]
+    else:
+        assert list(dataset_dir.parent.iterdir()) == []
+
+
+def test_two_processes_generating_the_same_dataset_at_once_both_succeed(tmp_path, monkeypatch):
+    """Two ranks (or two test workers) generating into one folder: the second to finish keeps the
+    first one's dataset (the same: the generator is deterministic) and removes its own copy."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=60)
+    write = grayscott.write_dataset
+
+    def write_then_wait(*args):
+        write(*args)
+        barrier.wait()  # both copies complete before either is renamed into place
+
+    monkeypatch.setattr(grayscott, "write_dataset", write_then_wait)
+    spec = grayscott.SIZES["tiny"]
+    from dataclasses import replace
+
+    spec = replace(spec, n_steps=3, regimes=("maze",))
+    errors = []
+
+    def generate():
+        try:
+            grayscott.generate(tmp_path, spec, quiet=True)
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=generate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [grayscott.EMBEDDED]
+    assert grids_of(tmp_path / "datasets" / grayscott.EMBEDDED) == {(16, 16)}
+
+
+def test_patterns_that_die_out_are_one_line(tmp_path):
+    from tests.conftest import exit_of
+
+    result = exit_of(grayscott, "--data-dir", tmp_path, "--size", "demo", "--n-train", "1")
+    said = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(said) == 1, result
+    assert said[0].startswith("error: patterns died out") and "--seed" in said[0]
+    assert list((tmp_path / "datasets").iterdir()) == []
+
+
+def test_a_dataset_of_mixed_grids_is_one_line_that_says_how_to_regenerate(tiny_data_copy):
+    """What the old generator left: one regime's files of another size. the_well stops on it with
+    an AssertionError; open_dataset says what happened and what to do."""
+    from the_well.data import WellDataset
+
+    from wellfno.cli import UserError
+    from wellfno.data import open_dataset
+    from wellfno.wellformat import write_well_file
+
+    dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
+    maze = next((dataset_dir / "data" / "train").glob("*maze*"))
+    coords = np.arange(8) * 0.1
+    write_well_file(maze, dataset_name=grayscott.EMBEDDED, time=np.arange(12.0),
+                    coords={"x": coords, "y": coords},
+                    t0_fields={"A": np.zeros((2, 12, 8, 8), np.float32),
+                               "B": np.zeros((2, 12, 8, 8), np.float32)},
+                    constant_scalars={"F": 0.029, "k": 0.057})
+    with pytest.raises(AssertionError, match="Multiple resolutions"):  # the reference: the_well's
+        WellDataset(path=str(dataset_dir), well_split_name="train", use_normalization=False)
+    with pytest.raises(UserError) as refused:
+        open_dataset(tiny_data_copy)
+    message = str(refused.value)
+    assert "\n" not in message and str(dataset_dir) in message and "8x8" in message
+    assert "16x16" in message and "--force" in message and "wellfno.grayscott" in message

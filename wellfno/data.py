@@ -60,6 +60,7 @@ def locate(data_dir: str | Path, dataset: str) -> Path:
 
 def check_dataset(dataset_dir: Path, splits=("train", "valid")) -> dict:
     """Complete and readable? Return the statistics; raise UserError otherwise."""
+    grids = {}  # cells per spatial axis -> the first file with that grid
     for split in splits:
         files = split_files(dataset_dir, split)
         if not files:
@@ -72,9 +73,13 @@ def check_dataset(dataset_dir: Path, splits=("train", "valid")) -> dict:
             try:
                 with h5py.File(path, "r") as f:
                     f.attrs["n_trajectories"], f["dimensions"]["time"].shape, f["t0_fields"].attrs["field_names"]
+                    grid = tuple(f["dimensions"][axis].shape[-1] for axis in f["dimensions"].attrs["spatial_dims"])
             except (OSError, KeyError) as err:
                 raise UserError(f"{path} is not a readable Well HDF5 file ({err.__class__.__name__}: {err}); "
                                 f"delete it and download or generate it again") from None
+            grids.setdefault(grid, path)
+    if len(grids) > 1:
+        raise mixed_grids(dataset_dir, grids)
     stats_path = dataset_dir / "stats.yaml"
     if not stats_path.is_file():
         raise UserError(f"{stats_path} is missing: compute it with `python stats.py {dataset_dir}`")
@@ -90,6 +95,20 @@ def check_dataset(dataset_dir: Path, splits=("train", "valid")) -> dict:
     check_stats_cover_fields(first, stats, stats_path)
     check_uniform_grid(first)
     return stats
+
+
+def mixed_grids(dataset_dir: Path, grids: dict) -> UserError:
+    """One line for a dataset whose files have grids of different sizes (the_well's WellDataset
+    stops on it with `AssertionError: Multiple resolutions found in specified path`)."""
+    found = ", ".join(f"{'x'.join(map(str, grid))} in {path.parent.name}/{path.name}"
+                      for grid, path in grids.items())
+    if dataset_dir.name == EMBEDDED:
+        redo = (f"generate it again, whole: `python -m wellfno.grayscott --data-dir "
+                f"{dataset_dir.parent.parent} --size demo --force` (each size in its own --data-dir)")
+    else:
+        redo = "delete it and download it again into an empty --data-dir"
+    return UserError(f"{dataset_dir} mixes grids of different sizes ({found}): files of another "
+                     f"dataset were written into its folder; {redo}")
 
 
 def check_stats_cover_fields(path: Path, stats: dict, stats_path: Path) -> None:

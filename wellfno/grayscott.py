@@ -13,17 +13,28 @@ and semi-implicit: diffusion exactly in Fourier space, reaction explicitly
 (first-order IMEX, the standard scheme for this system).
 
     python -m wellfno.grayscott --data-dir ./data --size demo
+
+A dataset is written whole or not at all: into a temporary folder beside its place, renamed
+when complete. A dataset already there is kept if it is the one asked for, refused in one line
+if it is another (another size, seed or setting: pass another --data-dir, or --force to replace
+it whole), so sizes never mix in one folder (the_well refuses mixed grids with an
+AssertionError).
 """
 from __future__ import annotations
 
 import argparse
+import errno
+import json
+import os
+import shutil
+import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from wellfno.cli import UserError, run_main
+from wellfno.cli import UserError, check_output_dir, run_main
 from wellfno.wellformat import SPLITS, write_well_file
 
 EMBEDDED = "gray_scott_embedded"  # the dataset this module writes; --dataset default of every script
@@ -130,16 +141,115 @@ def simulate_patterns(rng: np.random.Generator, spec: Size, F: float, k: float, 
         kept_b += list(frames_b[alive])
         if len(kept_a) >= n:
             return np.stack(kept_a[:n]), np.stack(kept_b[:n])
-    raise RuntimeError(f"patterns died out in regime F={F}, k={k}; try another --seed")
+    raise UserError(f"patterns died out in regime F={F}, k={k} in every one of {tries} draws; "
+                    f"try another --seed")
+
+
+RECORD = "generator.json"  # in the dataset folder: the settings it was made with (readers skip it)
+
+
+def settings(spec: Size, seed: int) -> dict:
+    """What makes one dataset differ from another: every field of the size, and the seed."""
+    return {**json.loads(json.dumps(asdict(spec))), "seed": seed}  # through JSON: tuples as lists
+
+
+def size_name(record: dict) -> str:
+    """tiny, demo or large; `custom` when an option (--resolution, --n-steps, --n-train) set it."""
+    return next((name for name, spec in SIZES.items() if settings(spec, record["seed"]) == record),
+                "custom")
+
+
+def describe(record: dict | None) -> str:
+    if record is None:
+        return "made without a record of its settings: by an older version, or copied there"
+    return (f"size {size_name(record)}: {record['resolution']}x{record['resolution']}, "
+            f"{record['n_steps']} frames, seed {record['seed']}")
+
+
+def read_record(dataset_dir: Path) -> dict | None:
+    try:
+        return json.loads((dataset_dir / RECORD).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def existing_dataset(dataset_dir: Path, wanted: dict, force: bool) -> bool:
+    """True when `dataset_dir` already holds the dataset `wanted` describes; a UserError when it
+    holds another one and `force` is not given; False when there is none (or force)."""
+    if not dataset_dir.exists() or (dataset_dir.is_dir() and not any(dataset_dir.iterdir())):
+        return False
+    record = read_record(dataset_dir) if dataset_dir.is_dir() else None
+    if record == wanted and not force:
+        return True
+    if not dataset_dir.is_dir():
+        raise UserError(f"{dataset_dir} is a file, not a dataset folder: move it away, or pass "
+                        f"another --data-dir")
+    if not force:
+        raise UserError(f"{dataset_dir} already holds another dataset ({describe(record)}), not "
+                        f"the one asked for ({describe(wanted)}): pass another --data-dir (e.g. "
+                        f"--data-dir data_{size_name(wanted)}), or --force to replace the whole "
+                        f"dataset")
+    return False
+
+
+def install(tmp_dir: Path, dataset_dir: Path, wanted: dict) -> None:
+    """Rename the complete dataset `tmp_dir` onto `dataset_dir` (whatever was there moved aside
+    first and deleted after), so a reader sees the old dataset, the new one or none, never a mix."""
+    old = None
+    if dataset_dir.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dataset_dir.name}.old-", dir=dataset_dir.parent))
+        os.replace(dataset_dir, old / dataset_dir.name)
+    try:
+        os.rename(tmp_dir, dataset_dir)
+    except OSError as err:  # another process (a second rank, a second pytest worker) was first
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        if read_record(dataset_dir) != wanted:
+            raise UserError(f"{dataset_dir} was written by another process at the same time, with "
+                            f"other settings ({describe(read_record(dataset_dir))}): generate one "
+                            f"dataset per --data-dir at a time") from None
+        shutil.rmtree(tmp_dir)  # the same dataset (the generator is deterministic): keep theirs
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def generate(data_dir: str | Path, size: str | Size = "demo", seed: int = 0, *, name: str = EMBEDDED,
-             quiet: bool = False) -> Path:
-    """Write DATA_DIR/datasets/<name>/{data/<split>/*.hdf5, stats.yaml}; return the dataset folder."""
-    from wellfno.stats import compute_dataset_stats, write_stats_yaml
+             quiet: bool = False, force: bool = False) -> Path:
+    """Write DATA_DIR/datasets/<name>/{data/<split>/*.hdf5, stats.yaml}; return the dataset folder.
 
+    Nothing to do if the same dataset is there; a UserError if another one is (unless `force`).
+    """
     spec = SIZES[size] if isinstance(size, str) else size
     dataset_dir = Path(data_dir) / "datasets" / name
+    wanted = settings(spec, seed)
+    if existing_dataset(dataset_dir, wanted, force):
+        if not quiet:
+            print(f"{dataset_dir} already holds this dataset ({describe(wanted)}): nothing to do "
+                  f"(--force writes it again)")
+        return dataset_dir
+    if not quiet:
+        print(f"Generating {name} ({describe(wanted)}) in {dataset_dir}", flush=True)
+    dataset_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Beside its place (one file system, so the rename is atomic), hidden from readers by the dot.
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=dataset_dir.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_dir, 0o777 & ~umask)  # mkdtemp makes 0700: the usual permissions (shared data)
+        write_dataset(tmp_dir, spec, seed, name, quiet)
+        (tmp_dir / RECORD).write_text(json.dumps(wanted, indent=2) + "\n")
+        install(tmp_dir, dataset_dir, wanted)
+    except BaseException:  # an error, Ctrl-C: no half-written dataset is left behind
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    if not quiet:
+        print(f"Wrote {dataset_dir}")
+    return dataset_dir
+
+
+def write_dataset(dataset_dir: Path, spec: Size, seed: int, name: str, quiet: bool) -> None:
+    from wellfno.stats import compute_dataset_stats, write_stats_yaml
+
     coords = (np.arange(spec.resolution) + 0.5) * DX - spec.resolution * DX / 2  # cell centres
     time_grid = spec.burn_in + spec.save_every * np.arange(spec.n_steps)
     rng = np.random.default_rng(seed)
@@ -155,7 +265,6 @@ def generate(data_dir: str | Path, size: str | Size = "demo", seed: int = 0, *, 
             print(f"  {regime:8s} F={F} k={k}: {sum(spec.n_traj.values())} trajectories "
                   f"({time.perf_counter() - start:.1f} s)")
     write_stats_yaml(compute_dataset_stats(dataset_dir), dataset_dir / "stats.yaml")
-    return dataset_dir
 
 
 def main(argv=None):
@@ -166,22 +275,24 @@ def main(argv=None):
     parser.add_argument("--resolution", type=int, help="override the grid size (cells per side)")
     parser.add_argument("--n-steps", type=int, help="override the saved frames per trajectory")
     parser.add_argument("--n-train", type=int, help="override the training trajectories per regime")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a dataset of other settings already in --data-dir (whole)")
     args = parser.parse_args(argv)
     spec = SIZES[args.size]
-    if args.resolution:
+    check_output_dir(args.data_dir, "--data-dir")
+    if args.resolution is not None:
         if args.resolution < 8:
             raise UserError("--resolution must be at least 8 cells")
         spec = replace(spec, resolution=args.resolution)
-    if args.n_steps:
+    if args.n_steps is not None:
         if args.n_steps < 2:
             raise UserError("--n-steps must be at least 2 frames")
         spec = replace(spec, n_steps=args.n_steps)
-    if args.n_train:
+    if args.n_train is not None:
+        if args.n_train < 1:
+            raise UserError("--n-train must be at least 1 trajectory")
         spec = replace(spec, n_traj={**spec.n_traj, "train": args.n_train})
-    print(f"Generating {EMBEDDED} ({args.size}: {spec.resolution}x{spec.resolution}, "
-          f"{spec.n_steps} frames) in {Path(args.data_dir) / 'datasets' / EMBEDDED}")
-    out = generate(args.data_dir, spec, args.seed)
-    print(f"Wrote {out}")
+    generate(args.data_dir, spec, args.seed, force=args.force)
 
 
 if __name__ == "__main__":
