@@ -17,7 +17,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from wellfno.domain import ProcessGrid, Slab, local_modes, sample_loss, slab_bounds, split_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from wellfno.domain import (
+    DomainSpectralConv,
+    ProcessGrid,
+    Slab,
+    domain_comm_hook,
+    local_modes,
+    sample_loss,
+    slab_bounds,
+    split_model,
+    summed_counts,
+)
 from wellfno.model import NextFrameFNO
 
 # (name, ranks in the domain group, grid, modes)
@@ -80,6 +92,7 @@ def _worker(rank, port, out_dir, world=WORLD, cases=CASES, device="cpu"):
             for g in grads.values():
                 dist.all_reduce(g, group=group)  # the gradients summed over the domain group
             grads = {n: g.cpu() for n, g in grads.items()}
+            off_device, counts = step_off_the_default_device(split, x, y, slab, device, rank)
             torch.save(
                 dict(
                     pred=pred.detach().cpu(),
@@ -87,6 +100,8 @@ def _worker(rank, port, out_dir, world=WORLD, cases=CASES, device="cpu"):
                     grads=grads,
                     slab=(start, stop),
                     same_keys=list(split.state_dict()) == keys,
+                    off_device=off_device,
+                    counts=counts,
                 ),
                 os.path.join(out_dir, f"{name}.{rank}.pt"),
             )
@@ -101,6 +116,25 @@ def _worker(rank, port, out_dir, world=WORLD, cases=CASES, device="cpu"):
         )
     finally:
         dist.destroy_process_group()
+
+
+def step_off_the_default_device(split, x, y, slab, device, rank):
+    """The step again, and summed_counts, with torch's default device elsewhere (meta).
+
+    A tensor made inside without device= lands there, and the op or collective it meets fails.
+    On GPUs the same tensor would be a host one: a collective NCCL refuses (it reduces GPU
+    tensors only), or a host-to-device copy in every forward (a host sync). After the first
+    step, as in training: neuralop's grid embedding makes its grid once, on the host, and keeps
+    it. Returns (None or the error, the summed counts).
+    """
+    mine = dict(per_sample=rank + 1.0, by_kind=dict(fft=10.0 * (rank + 1), mm=1.0))
+    try:
+        with torch.device("meta"):
+            pred = split(x[:, :, slab.rows].to(device))
+            sample_loss(split.loss, slab)(pred, y[:, :, slab.rows].to(device)).backward()
+            return None, summed_counts(mine, slab, device)
+    except Exception as err:  # noqa: BLE001 - reported by the test, with the rank's case
+        return f"{type(err).__name__}: {str(err).splitlines()[0]}", None
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +188,80 @@ def test_loss_and_gradients_equal_serial(ranks, name, size, grid, modes):
     for n, g in grads.items():
         for r in got:  # summed over the group: the same on every rank, and the serial gradient
             assert relative(r["grads"][n], g) <= 1e-5, (name, n)
+
+
+@pytest.mark.parametrize("name,size,grid,modes", CASES, ids=[c[0] for c in CASES])
+def test_step_and_counts_make_no_tensor_off_the_rank_device(ranks, name, size, grid, modes):
+    """Every tensor of the split step and of summed_counts is made on the rank's device (see
+    step_off_the_default_device); the counts are the group's sums."""
+    for r in ranks[name]:
+        assert r["off_device"] is None, (
+            f"{name}: a tensor made off the rank's device: {r['off_device']}"
+        )
+        assert r["counts"] == dict(
+            per_sample=sum(range(1, size + 1)) * 1.0,
+            by_kind=dict(fft=10.0 * sum(range(1, size + 1)), mm=1.0 * size),
+        )
+
+
+class _IntegerTensorsMade(TorchDispatchMode):
+    """Counts the ops that make an integer tensor (index tensors: arange, remainder, copies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and not out.is_floating_point() and not out.is_complex():
+            self.made.append(str(func))
+        return out
+
+
+@pytest.mark.parametrize("grid,modes", [((15, 12), 8), ((7, 6, 5), 4)], ids=["2d", "3d"])
+def test_domain_conv_makes_its_indices_once_per_device(grid, modes):
+    """After the first forward on a device, a forward makes no index tensor: indices made (and
+    copied to the GPU) in every forward are a host-to-device copy each, a host sync on GPUs.
+    The convolution on a whole grid equals neuralop's."""
+    model, _, _ = make_case(grid, modes)
+    conv = model.fno.fno_blocks.convs[0]
+    split = DomainSpectralConv(conv, Slab(0, grid[0], grid[0]))
+    h = torch.randn(2, conv.in_channels, *grid)
+    with torch.no_grad():
+        assert relative(split(h), conv(h)) <= 1e-5
+        counter = _IntegerTensorsMade()
+        with counter:
+            split(h)
+    assert counter.made == [], f"index tensors made in a forward after the first: {counter.made}"
+
+
+class _Bucket:  # what DDP hands a hook: buffer() is the flat gradients of the bucket's parameters
+    def __init__(self, buffer):
+        self._buffer = buffer
+
+    def buffer(self):
+        return self._buffer
+
+
+def test_domain_comm_hook_returns_the_bucket_it_reduced():
+    """The hook hands DDP back the bucket itself, divided by the data groups and summed over the
+    ranks in place: for a complex bucket never the collective's result (its real view, which
+    DDP's reducer would have to copy back into complex gradients); real buckets alike."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        hook = domain_comm_hook(data_size=2)
+        bucket = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
+        result = hook(None, _Bucket(bucket)).wait()
+        assert result is bucket and result.dtype == torch.complex64
+        assert torch.equal(result, torch.tensor([0.5 + 1j, -1.5 + 0.25j], dtype=torch.complex64))
+        real = torch.tensor([4.0, 2.0])
+        result = hook(None, _Bucket(real)).wait()
+        assert result is real and torch.equal(result, torch.tensor([2.0, 1.0]))
+    finally:
+        dist.destroy_process_group()
 
 
 def test_split_model_keeps_one_rank_model_when_alone():

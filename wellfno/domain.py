@@ -218,14 +218,14 @@ def exchange(chunks: list[torch.Tensor], shapes: list[tuple], group) -> list[tor
 
 
 # ------------------------------------------------------------------- the spectral convolution
-def kept_indices(n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input, output) FFT indices of neuralop's m kept modes of a complex axis of n.
+def kept_indices(n: int, m: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) FFT indices of neuralop's m kept modes of a complex axis of n, on `device`.
 
     neuralop keeps the m modes around 0 after an fftshift (frequencies -m//2 .. m//2 + m%2 - 1;
     weight index j is frequency j - m//2) and shifts back with fftshift again, which for odd n lands
     one index lower: output index (k + 2 * (n//2)) mod n. Matched exactly: odd grids agree too.
     """
-    freqs = torch.arange(m) - m // 2
+    freqs = torch.arange(m, device=device) - m // 2
     return freqs % n, (freqs + 2 * (n // 2)) % n
 
 
@@ -246,6 +246,22 @@ class DomainSpectralConv(nn.Module):
             )
         self.weight, self.bias = conv.weight, conv.bias  # the same parameters: state_dict unchanged
         self.fft_norm, self.out_channels, self.slab = conv.fft_norm, conv.out_channels, slab
+        self._indices = {}  # (device, local axes) -> the FFT indices: see `indices`
+
+    def indices(self, x: torch.Tensor, modes) -> tuple:
+        """The FFT indices of the kept modes, on x's device, made at the first forward there.
+
+        Not per forward: indices made on the host and copied to a GPU are a pageable host-to-device
+        copy, which waits for the stream (a host sync in every convolution). Not buffers either:
+        DDP would broadcast them from rank 0 at every forward (broadcast_buffers).
+        """
+        key = (x.device, tuple(x.shape[3:]))
+        if key not in self._indices:
+            self._indices[key] = (
+                [kept_indices(n, m, x.device) for n, m in zip(x.shape[3:-1], modes[1:-1])],
+                kept_indices(self.slab.n, modes[0], x.device),
+            )
+        return self._indices[key]
 
     def transform(self, x, output_shape=None):
         return x  # neuralop resamples the skip path only with resolution scaling: none here
@@ -256,10 +272,11 @@ class DomainSpectralConv(nn.Module):
         modes = weight.shape[2:]  # (m0, m1, ..., m_last//2 + 1): neuralop's kept modes per axis
         local_shape = x.shape[3:]  # the local axes (all but the first)
         local_dims = tuple(range(3, x.ndim))
+        local_indices, (take, put) = self.indices(x, modes)  # made once per device
         # 1. along the local axes: rfft on the last, fft on the others; keep neuralop's modes
         y = torch.fft.rfftn(x, dim=local_dims, norm=norm)
-        for dim, n, m in zip(local_dims[:-1], local_shape[:-1], modes[1:-1]):
-            y = y.index_select(dim, kept_indices(n, m)[0].to(x.device))
+        for dim, (kept, _) in zip(local_dims[:-1], local_indices):
+            y = y.index_select(dim, kept)
         y = y[..., : modes[-1]]
         batch, channels, rows = y.shape[:3]
         y = y.reshape(batch, channels, rows, -1)  # (B, C, slab rows, K kept local modes)
@@ -277,8 +294,7 @@ class DomainSpectralConv(nn.Module):
             )
             y = torch.cat(parts, dim=2)  # (B, C, n0, K_mine)
         # 3. the first axis: fft, keep its modes, multiply by the weights of these modes
-        n0, m0 = slab.n, modes[0]
-        take, put = (i.to(x.device) for i in kept_indices(n0, m0))
+        n0 = slab.n
         y = torch.fft.fft(y, dim=2, norm=norm).index_select(2, take)
         w = weight.reshape(*weight.shape[:3], -1)[..., mine]
         y = torch.einsum("bimk,iomk->bomk", y, w)
@@ -293,13 +309,12 @@ class DomainSpectralConv(nn.Module):
             )
             y = torch.cat(parts, dim=3)  # (B, O, slab rows, K)
         y = y.reshape(batch, self.out_channels, rows, *modes[1:])
-        for dim, n, m in zip(local_dims[:-1], local_shape[:-1], modes[1:-1]):
+        for dim, n, (_, kept) in zip(local_dims[:-1], local_shape[:-1], local_indices):
             shape = list(y.shape)
             shape[dim] = n
-            y = y.new_zeros(shape).index_copy(dim, kept_indices(n, m)[1].to(x.device), y)
-        shape = list(y.shape)
-        shape[-1] = local_shape[-1] // 2 + 1
-        y = y.new_zeros(shape).index_copy(y.ndim - 1, torch.arange(modes[-1], device=x.device), y)
+            y = y.new_zeros(shape).index_copy(dim, kept, y)
+        # the last axis' rfft modes 0 .. m-1 kept: the others are zeros after them
+        y = nn.functional.pad(y, (0, local_shape[-1] // 2 + 1 - modes[-1]))
         y = torch.fft.irfftn(y, s=local_shape, dim=local_dims, norm=norm)
         return y if self.bias is None else y + self.bias
 
@@ -373,11 +388,16 @@ def domain_comm_hook(data_size: int):
 
     = summed over each domain group (the sample's gradient), averaged over the data groups (DDP's
     mean over samples). DDP's default divides by the world size: by the domain size too.
+    The bucket is reduced in place and handed back itself, as wellfno.ddp's
+    complex_as_real_allreduce_hook does: a complex bucket travels as its real view (no backend
+    has a complex type), and the collective's own result would be that real view.
     """
 
     def hook(state, bucket):
-        buffer = bucket.buffer().div_(data_size)
-        return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+        buffer = bucket.buffer()
+        real = torch.view_as_real(buffer) if buffer.is_complex() else buffer
+        real.div_(data_size)
+        return dist.all_reduce(real, async_op=True).get_future().then(lambda _: buffer)
 
     return hook
 
@@ -527,14 +547,18 @@ def gather_rows(tensor: torch.Tensor, slab: Slab, row_dim: int) -> torch.Tensor 
     )
 
 
-def summed_counts(counted: dict, slab: Slab) -> dict:
-    """wellfno.flops' counts of one rank's slab -> of the whole sample (summed over the group)."""
+def summed_counts(counted: dict, slab: Slab, device: torch.device) -> dict:
+    """wellfno.flops' counts of one rank's slab -> of the whole sample (summed over the group).
+
+    The counts travel on `device`, the rank's: NCCL (RCCL) reduces GPU tensors only."""
     if slab.size == 1:
         return counted
     keys = sorted(counted["by_kind"])
     values = group_sum(
         torch.tensor(
-            [counted["per_sample"], *(counted["by_kind"][k] for k in keys)], dtype=torch.float64
+            [counted["per_sample"], *(counted["by_kind"][k] for k in keys)],
+            dtype=torch.float64,
+            device=device,
         ),
         slab,
     ).tolist()

@@ -217,7 +217,7 @@ def train(args, env, backend, device):
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *slab.frame(grid), device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
-    counted = domain.summed_counts(counted, slab)  # the whole sample's: the slabs' counts, added
+    counted = domain.summed_counts(counted, slab, device)  # the whole sample's: slabs' counts added
     if device.type == "cuda":  # the count ran a float32 step: the peak memory is training's alone
         torch.cuda.reset_peak_memory_stats(device)
     first_epoch, step, history = 1, 0, []
