@@ -136,18 +136,19 @@ def set_affinity_all_threads(cpus, include_pinned: bool = False) -> dict[int, se
 
 
 def bind_this_rank(mode: str = "exclusive", sysfs: str = "/sys", set_threads: bool = True, torch_module=None,
-                   env: Mapping[str, str] | None = None):
+                   env: Mapping[str, str] | None = None, launch: LaunchEnv | None = None):
     """Pin this process to its planned CPUs and pick its GPU. Returns (cpus, device).
 
-    Local rank and ranks per node from torchrun or srun (wellfno.launch.launch_environment; an
-    inconsistent environment is a one-line UserError). CPUs stay within what this process may use
-    (a Slurm cpuset or an earlier binding is respected, never widened). Intra-op threads: one per
-    physical core it got."""
+    Local rank and ranks per node: `launch`, else from torchrun or srun
+    (wellfno.launch.launch_environment, which keeps answering what the launcher set after
+    export_rendezvous rewrote RANK and LOCAL_RANK; an inconsistent environment is a one-line
+    UserError). CPUs stay within what this process may use (a Slurm cpuset or an earlier binding
+    is respected, never widened). Intra-op threads: one per physical core it got."""
     if torch_module is None:
         import torch as torch_module
     torch = torch_module
     env = os.environ if env is None else env
-    launch = launch_environment(env)
+    launch = launch_environment(env) if launch is None else launch
     topo = discover(sysfs)  # allowed = what this process may use now
     binding = plan_this_rank(topo, mode, launch, visible_gpu_pci(torch, sysfs),
                              cpus_bound_by_launcher(launch, env))

@@ -336,3 +336,78 @@ print(old_way == {a}, inside == {a, b}, after == {a}, os.sched_getaffinity(0) ==
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True", "True", "True"]
+
+
+# --- the solutions' order: launch, device, rendezvous, then bind (issue #34 point 2) --------------
+# Solutions 05 on: env = launch_environment(); pick_backend(...) picks the rank's GPU;
+# env.export_rendezvous() writes RANK, WORLD_SIZE, LOCAL_RANK; then bind_this_rank(args.bind)
+# (affinity.training.bind) with nothing but the process's environment.
+
+def slurm_task_env(how: str, task: int, ntasks: int, visible: list[int], cpu_bind: str,
+                   node_gpus: int) -> dict:
+    """Every variable srun (Slurm 22.05) sets that the launch reads, for task `task` of a one-node
+    step of `ntasks` tasks started with --ntasks-per-node (tests/test_launch.py MEASURED: the task's
+    SLURM_STEP_GPUS and CUDA_VISIBLE_DEVICES are its own GPU under --gpus-per-task=1, its NUMA
+    domain's under --gpu-bind=closest, all under --gpus-per-node; SLURM_GPUS_ON_NODE and
+    SLURM_JOB_GPUS are the job's)."""
+    gpus = ",".join(map(str, visible))
+    env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "localhost",
+           "SLURM_STEP_NODELIST": "localhost", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+           "SLURM_NTASKS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
+           "SLURM_NTASKS_PER_NODE": str(ntasks), "SLURM_TASKS_PER_NODE": str(ntasks),
+           "SLURM_STEP_TASKS_PER_NODE": str(ntasks), "SLURM_PROCID": str(task),
+           "SLURM_LOCALID": str(task), "SLURM_CPU_BIND_TYPE": cpu_bind,
+           "SLURM_JOB_GPUS": ",".join(map(str, range(node_gpus))), "SLURM_STEP_GPUS": gpus,
+           "SLURM_GPUS_ON_NODE": str(node_gpus), "CUDA_VISIBLE_DEVICES": gpus}
+    if how == "per_task":
+        env["SLURM_GPUS_PER_TASK"] = "1"
+    return env
+
+
+TORCHRUN_AND_RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                           "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize("how", ["per_task", "all", "closest"])
+@pytest.mark.parametrize("node", ["dgx-a100", "lumi-g"])
+def test_bind_after_the_rendezvous_keeps_the_gpu_the_launcher_gave(monkeypatch, node, how):
+    """Each task of a full node, through the real functions in the solutions' order: bind drives
+    the GPU pick_backend chose, with the CPUs next to it. Before the launch was kept across
+    export_rendezvous, bind read RANK/LOCAL_RANK back, took the task for a torchrun worker (every
+    GPU visible to each) and stopped with "8 ranks on this node but only 1 GPUs visible" under
+    --gpus-per-task=1 (2 under --gpu-bind=closest)."""
+    from wellfno import launch as launch_module
+    from wellfno.device import pick_backend, pick_device
+
+    spec = NODES[node]
+    monkeypatch.setattr(launch_module, "_exported", None, raising=False)  # no earlier test's launch
+    driven = []
+    for task in range(len(spec["pcis"])):
+        allowed, pcis, _ = scenario(node, how, task)
+        visible = [spec["pcis"].index(p) for p in pcis]  # node GPU numbers the task sees
+        cpu_bind = "mask_cpu:" if how == "closest" else "none"
+        for name in TORCHRUN_AND_RENDEZVOUS:
+            monkeypatch.setenv(name, "")  # recorded, so that teardown removes what export wrote
+            monkeypatch.delenv(name)
+        for name, value in slurm_task_env(how, task, len(spec["pcis"]), visible, cpu_bind,
+                                          len(spec["pcis"])).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda n=len(pcis): n)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+
+        env = launch_module.launch_environment()
+        device = pick_device("auto")
+        backend, device = pick_backend("auto", env.local_rank, env.local_world_size,
+                                       device.type == "cuda", env.step_gpus, env.launcher)
+        env.export_rendezvous()
+        assert os.environ["RANK"] == str(task) and os.environ["LOCAL_RANK"] == str(task)
+        cpus, rank_device, calls = bind_rank(monkeypatch, FIXTURES / node, allowed,
+                                             [props_for(p) for p in pcis], os.environ)
+
+        assert backend == "nccl" and rank_device == device, (task, rank_device, device)
+        gpu = spec["closest_gpu"][task] if how == "closest" else task
+        assert pcis[device.index] == spec["pcis"][gpu], (task, device)
+        assert cpus == spec["gpu_cpus"][gpu], (task, cpus)
+        driven.append(gpu)
+    assert sorted(driven) == list(range(len(spec["pcis"])))  # every GPU driven once

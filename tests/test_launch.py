@@ -74,6 +74,48 @@ def test_export_rendezvous_for_srun():
     assert env["MASTER_ADDR"]  # scontrol's first host where it exists, else our parser's
 
 
+def test_the_launch_outlives_export_rendezvous_while_its_variables_stand(monkeypatch):
+    """export_rendezvous writes torchrun's variables for torch's env:// rendezvous; the process's
+    launch stays what srun set (per-task GPUs: wellfno.device's srun rules) until someone
+    changes the launch variables, after which they are read again."""
+    import os
+
+    from wellfno import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "_exported", None, raising=False)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT"):
+        monkeypatch.setenv(name, "")  # recorded, so that teardown removes what export wrote
+        monkeypatch.delenv(name)
+    srun = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1",
+            "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "2", "SLURM_JOB_ID": "42",
+            "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "localhost"}
+    for name, value in srun.items():
+        monkeypatch.setenv(name, value)
+    decided = launch_environment()
+    assert decided == LaunchEnv(1, 2, 1, 2, "srun", 0, 2)
+    launch_environment(dict(srun)).export_rendezvous(dict(srun))  # not this process's: no effect
+    decided.export_rendezvous()
+    assert os.environ["RANK"] == "1" and launch_environment() is decided
+    assert launch_environment(dict(os.environ)).launcher == "torchrun"  # what a re-read would say
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert launch_environment() == LaunchEnv(1, 2, 0, 2, "torchrun")
+
+
+def test_every_variable_the_launch_reads_is_a_launch_variable():
+    """launch_environment keeps its decision while LAUNCH_VARS stand: it may read nothing else."""
+    import ast
+    import inspect
+
+    from wellfno import launch as launch_module
+
+    tree = ast.parse(inspect.getsource(launch_module.launch_environment))
+    names = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+             and isinstance(node.value, str) and re.fullmatch(r"[A-Z][A-Z_]+", node.value)}
+    assert {"RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_GPUS_ON_NODE"} <= names
+    assert names <= set(launch_module.LAUNCH_VARS), names - set(launch_module.LAUNCH_VARS)
+
+
 def test_export_rendezvous_names_a_host_that_does_not_resolve():
     env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "42",
            "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "nosuchnode[7-8]"}

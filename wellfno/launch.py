@@ -15,6 +15,13 @@ Rules, and why:
   sbatch script wait forever for N-1 ranks that were never started.
 - An incomplete or inconsistent environment (RANK without WORLD_SIZE, rank >= world size, a
   non-integer) is a one-line UserError, never a hang.
+- The launch is decided once, from what the launcher set. `export_rendezvous` then writes RANK,
+  WORLD_SIZE and LOCAL_RANK for torch's env:// rendezvous; read again, those would turn an srun
+  task into a torchrun worker, losing what only srun says (each task sees its own GPUs under
+  --gpus-per-task=1 and --gpu-bind=closest, Slurm bound its CPUs). So every later
+  `launch_environment()` of the process returns the decision export_rendezvous was given, for
+  as long as the launch variables are as it left them (affinity.bind's GPU and CPUs, the
+  placement report, the profiler's rank all agree with the rank's choice at start-up).
 """
 from __future__ import annotations
 
@@ -29,6 +36,10 @@ from typing import Mapping, MutableMapping
 from wellfno.cli import UserError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+# Every variable launch_environment reads: the decision is a function of these alone.
+LAUNCH_VARS = TORCHRUN_VARS + ("GROUP_RANK", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID",
+                               "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+                               "SLURM_TASKS_PER_NODE", "SLURM_GPUS_ON_NODE")
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,18 @@ class LaunchEnv:
         env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"] = map(str, (self.rank, self.world_size, self.local_rank))
         if self.local_world_size is not None:
             env["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
+        if env is os.environ:  # this process's: later readers get this decision, not a re-read
+            global _exported
+            _exported = (self, _launch_variables(env))
+
+
+# The launch export_rendezvous was given, and the launch variables as it left os.environ
+# (launch_environment returns it while they stay so; the module docstring says why).
+_exported: tuple[LaunchEnv, dict[str, str | None]] | None = None
+
+
+def _launch_variables(env: Mapping[str, str]) -> dict[str, str | None]:
+    return {name: env.get(name) for name in LAUNCH_VARS}
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
@@ -93,6 +116,8 @@ def tasks_per_node(spec: str) -> list[int]:
 def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnv:
     """This process's place in the launch; a lone process is rank 0 of 1."""
     env = os.environ if env is None else env
+    if env is os.environ and _exported is not None and _exported[1] == _launch_variables(env):
+        return _exported[0]  # what the launcher set, before export_rendezvous rewrote RANK...
     present = [name for name in ("RANK", "WORLD_SIZE") if env.get(name, "") != ""]
     if present:
         if len(present) == 1:
