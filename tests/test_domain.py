@@ -30,6 +30,7 @@ from wellfno.domain import (
     split_model,
     summed_counts,
 )
+from wellfno.device import exact_float32
 from wellfno.model import NextFrameFNO
 
 # (name, ranks in the domain group, grid, modes)
@@ -66,6 +67,7 @@ def _worker(rank, port, out_dir, world=WORLD, cases=CASES, device="cpu"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     device = torch.device(device, rank) if device == "cuda" else torch.device(device)
+    exact_float32()  # compared at 1e-5: TF32 convolutions (NVIDIA's default) are good to ~1e-3
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -278,7 +280,8 @@ def test_process_grid_places_ranks(ranks):
 
 @pytest.mark.gpu
 def test_two_gpus_equal_serial(tmp_path):
-    """The 2-D case on 2 GPUs with NCCL (one rank per GPU) against the serial FNO on the CPU."""
+    """The 2-D case on 2 GPUs with NCCL (one rank per GPU) against the serial FNO on the CPU,
+    with TF32 off (wellfno.device.exact_float32: the ranks' float32 is float32)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     with socket.socket() as s:

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
+from wellfno.device import exact_float32
 
 TOLERANCE = 1e-5  # 2 ranks x b vs 1 rank x 2b: the same sums in another order (float32 ulps)
 VARIANTS = ("plain", "hook")  # DDP as solution 05 runs it; DDP with complex_as_real_allreduce_hook
@@ -189,7 +190,12 @@ def run_check(
     out: Path, backend: str, batch: int, grid: int, width: int, modes: int, timeout: float
 ):
     """Every rank: one step with plain DDP and one with the hook; rank 0 also one step on its own,
-    the whole global batch (the reference). Each rank saves what it holds; rank 0 writes RESULT."""
+    the whole global batch (the reference). Each rank saves what it holds; rank 0 writes RESULT.
+    With TF32 off (wellfno.device.exact_float32): NVIDIA's default TF32 convolutions differ by
+    about 1e-3, far beyond TOLERANCE, and would fail every variant."""
+    tf32_line = exact_float32()
+    if int(os.environ["RANK"]) == 0:
+        print(tf32_line, flush=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if backend == "auto":

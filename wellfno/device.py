@@ -129,3 +129,21 @@ def synchronize(device):
     """Wait for the device's queued work: only where a time is read, never inside the step."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def exact_float32() -> str:
+    """Float32 matmuls and convolutions in full float32 (no TF32), for checks of one run against
+    another: call it first thing in every equivalence check. Returns the line the check prints.
+
+    On NVIDIA GPUs from Ampere on, cuDNN runs float32 convolutions in TF32 by default
+    (torch.backends.cudnn.allow_tf32 is True; about 1e-3 relative): neuralop's lifting, skip,
+    channel-MLP and projection layers are 1x1 Conv1d, so two runs that sum in another order differ
+    by far more than the checks' float32 tolerance (1e-5). cuBLAS matmuls are float32 by default
+    (allow_tf32 False, "highest"); set here too, in case a site or a script turned them on.
+    Elsewhere (CPU, ROCm) the flags change nothing. https://docs.pytorch.org/docs/stable/notes/cuda.html
+    (TensorFloat-32 (TF32) on Ampere (and later) devices).
+    """
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return "float32 checks: TF32 off (matmuls and cuDNN convolutions in full float32)"
