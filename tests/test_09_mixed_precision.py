@@ -50,7 +50,7 @@ def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, tmp
     low-precision run, but for the one that needs the recorded CPU's environment (a process)."""
     reference = per_step_losses(run_once(finished_run, script, tiny_data_dir, *STEPS)[0])
     fix = f"add --amp with autocast {task('09', 1)}" if amp == "bf16" else \
-        f"hand GradScaler the complex gradients as real views {task('09', 3)}"
+        f"scale the loss and step the optimizer through GradScaler {task('09', 1)}"
     if amp == "bf16" and not this_cpu_has_bf16_units():
         low = per_step_losses(train(script, tiny_data_dir, tmp_path / amp, *STEPS, "--amp", amp,
                                     fix=fix, env=as_cpu("intel_xeon_amx")))

@@ -58,7 +58,7 @@ CHANGES = {
     },
     "09_mixed_precision": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
-        "+spectral_convs_in_float32": EVERYWHERE, "+ComplexGradsAsReal": EVERYWHERE,
+        "+spectral_convs_in_float32": EVERYWHERE,
         "train": ["check_amp(", "spectral_convs_in_float32(", "scaler = ", "amp_dtype = ",
                   "autocast = ",
                   "scaler.load_state_dict(", 'log(f"Training on', "row = train_one_epoch(",
@@ -107,7 +107,6 @@ MOVED = {
     "validate": ("wellfno.ranks", "06_exact_metrics"),
     "synchronize": ("wellfno.device", "08_host_syncs"),
     "spectral_convs_in_float32": ("wellfno.amp", "09_mixed_precision"),
-    "ComplexGradsAsReal": ("wellfno.amp", "09_mixed_precision"),
 }
 # Blocks of statements that left the solutions for a package once their step was taught:
 # "module.function" -> (the step that taught the block, the solution's function it was in, the

@@ -1,9 +1,9 @@
-"""Mixed precision for the FNO (exercise 09): can this device do it, and the FNO's two workarounds.
+"""Mixed precision for the FNO (exercise 09): can this device do it, and the FNO's FFT workaround.
 
 `check_amp` refuses a precision the device cannot run as such: bf16 on a GPU or a CPU without
-bfloat16 units is emulated, and runs slower than float32. `spectral_convs_in_float32` and
-`ComplexGradsAsReal` are taught in solution 09 (`solutions/09_mixed_precision/fno.py`); later
-solutions import them from here (solution 11 on), and `autocast_and_scaler` is its block that
+bfloat16 units is emulated, and runs slower than float32. `spectral_convs_in_float32` is taught in
+solution 09 (`solutions/09_mixed_precision/fno.py`); later solutions import it from here
+(solution 11 on), and `autocast_and_scaler` is its block that
 sets up GradScaler and autocast (solution 10 on) (tests/test_drift.py: the same syntax trees as
 solution 09's).
 """
@@ -100,30 +100,6 @@ def spectral_convs_in_float32(fno):
     for conv in fno.fno_blocks.convs:
         conv.register_forward_pre_hook(to_float32)
 
-
-class ComplexGradsAsReal:
-    """The optimizer as GradScaler sees it: complex gradients shown as real (..., 2) views.
-
-    GradScaler cannot unscale complex gradients (pytorch/pytorch#58228), and the spectral weights
-    are complex. Unscaling a real view unscales the complex gradient in place; step() is the
-    optimizer's own.
-    """
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-
-    @property
-    def param_groups(self):
-        def real(p):  # GradScaler reads p.grad of each parameter: give it a real view of both
-            if p.grad is None or not p.grad.is_complex():
-                return p
-            view = torch.view_as_real(p.detach())
-            view.grad = torch.view_as_real(p.grad)
-            return view
-        return [{**group, "params": [real(p) for p in group["params"]]}
-                for group in self.optimizer.param_groups]
-
-    def step(self, *args, **kwargs):
-        return self.optimizer.step(*args, **kwargs)
 
 
 def autocast_and_scaler(args, device):

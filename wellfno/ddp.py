@@ -1,34 +1,34 @@
-"""Complex gradients under DistributedDataParallel: a hook that averages them through real views,
-and the check that DDP averages them right (2 ranks x b against 1 rank x 2b, one training step).
+"""Complex weights under DistributedDataParallel: keep them as real parameters (the course's way,
+solution 05 on), and the check that DDP averages them right (2 ranks x b against 1 rank x 2b).
 
     torchrun --standalone --nproc-per-node 2 -m wellfno.ddp --out DIR   # nccl on 2 GPUs, else gloo
 
-The FNO's spectral weights are complex64 parameters, and NCCL (RCCL on AMD) has no complex type:
-ProcessGroupNCCL reduces a complex tensor through its real view (torch.view_as_real), and DDP's
-reducer copies each bucket's result back into the gradients. Where that goes wrong, training still
-runs, but not as it does on one GPU:
-- pytorch/pytorch#158753 (open, 2025): a complex-valued model converges on one GPU, not under DDP;
-  the imaginary part of the gradient appears to be zero; a manual all-reduce under no_sync()
-  fixes it (https://github.com/pytorch/pytorch/issues/158753; a fix to the reducer's buckets:
-  https://github.com/pytorch/pytorch/pull/166863, closed in Nov 2025, merged or not: PyTorch's
-  bot closes the PRs it merges);
-- pytorch/pytorch PR #74039 (2022, closed): ProcessGroup::Work hands the collective's result tensor
-  to the reducer, and once a complex bucket was viewed as real for the collective, that result has
-  to be turned back into the complex bucket "to avoid copy tearing"; custom hooks "will need to deal
-  with complex tensors by themselves" (https://github.com/pytorch/pytorch/pull/74039;
-  pytorch/pytorch#80080 tracks complex support in DDP);
-- NVIDIA's TorchFort added its own complex gradient reduction for FNOs
-  (https://github.com/NVIDIA/TorchFort/pull/2).
+The FNO's spectral weights are complex64 parameters. DDP moves parameters twice: it broadcasts rank
+0's at start-up and all-reduces the gradients in backward. Neither is safe for complex tensors on
+every torch and every backend:
+- gloo in torch 2.5 has no complex type: DDP's start-up broadcast stops with
+  `RuntimeError: Invalid scalar type` (measured with torch 2.5.1; tests/test_nccl_seam.py);
+- NCCL (RCCL on AMD) has no complex type either: before torch 2.3 ProcessGroupNCCL refused complex
+  tensors (pytorch/pytorch#71613); since pytorch/pytorch#121045 it reduces them through their real
+  view and hands that real view back as the collective's result, which DDP's reducer copied into
+  the complex gradients with the complex parameters' sizes and strides until pytorch/pytorch#166863
+  (Nov 2025): over NCCL the averaged spectral gradients come out wrong, the imaginary parts zero
+  (pytorch/pytorch#158753, open). Training still runs, but not as it does on one GPU.
 
-`complex_as_real_allreduce_hook` sidesteps the result tensor altogether: it all-reduces each bucket
-in place through its real view (the same memory) and hands DDP back the bucket itself, complex as
-it came. (torch 2.13's reducer already buckets complex parameters as float32, their real view:
-measured with gloo, the hook then sees only real buckets; the check records which, as
-`complex_buckets_as`. Older torch built complex64 buckets; the diff of pytorch/pytorch#166863
-to Reducer::initialize_buckets is where that changes.) Register it with
-`ddp_model.register_comm_hook(None, complex_as_real_allreduce_hook)`.
-With gloo it gives what plain DDP gives (tests/test_ddp_complex.py); over NCCL the check below
-says whether plain DDP needs it on a node (`python -m coursetools.gpucheck`, slurm/00_gpu_check.sbatch).
+`wellfno.model.spectral_weights_as_real` (NextFrameFNO applies it, so every step of the course
+has it) sidesteps all of it: each complex weight becomes a float32 parameter of
+shape (..., 2), its real view (torch.view_as_real), and the spectral convolution reads it back as
+complex with torch.view_as_complex (a view: no copy, the same numbers, gradients flow through it).
+DDP, optimizers and GradScaler then see only real tensors, which every backend of every torch
+handles. Adam on the real view is the same arithmetic as Adam on the complex parameter (torch's
+Adam views complex parameters as real itself). The same idea as The Well's `ComplexLinearDDP` and
+neuraloperator's issue #88. `complex_as_real_allreduce_hook` is the other way (a communication hook
+that averages complex buckets through real views); it leaves DDP's start-up broadcast of complex
+tensors, which old gloo cannot do, so the course does not use it.
+
+The check runs one training step with plain DDP of the complex model and one with the course's real
+weights, against one rank with the whole batch: over NCCL on a node it says whether plain DDP
+would have been right there (information; `python -m coursetools.gpucheck`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,23 @@ import torch.distributed as dist
 
 from wellfno.cli import UserError, atomic_torch_save, atomic_write_json, run_main
 from wellfno.device import exact_float32
+from wellfno.model import NextFrameFNO
 
 TOLERANCE = 1e-5  # 2 ranks x b vs 1 rank x 2b: the same sums in another order (float32 ulps)
-VARIANTS = ("plain", "hook")  # DDP as solution 05 runs it; DDP with complex_as_real_allreduce_hook
+# DDP of the complex model as it comes; DDP of the course's model (spectral_weights_as_real)
+VARIANTS = ("plain", "real_weights")
 RESULT = "complex_ddp.json"
+
+
+def as_complex_by_name(named: dict) -> dict:
+    """{name: tensor} with each RealWeight's `X.as_real` entry shown as `X.tensor`, complex, as
+    neuralop's own model names it (to compare the two models' parameters or gradients)."""
+    return {
+        (n[: -len(".as_real")] + ".tensor" if n.endswith(".as_real") else n): (
+            torch.view_as_complex(t) if n.endswith(".as_real") else t
+        )
+        for n, t in named.items()
+    }
 
 
 def complex_as_real_allreduce_hook(process_group, bucket):
@@ -67,14 +80,15 @@ def complex_as_real_allreduce_hook(process_group, bucket):
 
 
 # --------------------------------------------------------------------------- the check
-def example_model(device, grid: int, width: int, modes: int):
-    """The course's model (wellfno.model.NextFrameFNO, 2 fields, its spectral weights complex)."""
-    from wellfno.model import NextFrameFNO
-
+def example_model(device, grid: int, width: int, modes: int, real_weights: bool = True):
+    """The course's model (wellfno.model.NextFrameFNO, 2 fields); real_weights=False: with
+    neuralop's complex spectral parameters."""
     torch.manual_seed(0)  # every rank and the reference start from the same weights
     ones = torch.ones(2)
     stats = dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=0.1 * ones)
-    return NextFrameFNO(2, 1, stats, modes=min(modes, grid), width=width).to(device)
+    model = NextFrameFNO(2, 1, stats, modes=min(modes, grid), width=width,
+                         real_weights=real_weights)
+    return model.to(device)
 
 
 def example_batch(global_batch: int, grid: int, device):
@@ -93,9 +107,8 @@ def train_step(model, loss_of, x, y, lr: float = 2e-3) -> dict:
     module = getattr(model, "module", model)  # DDP wraps the FNO
     grads = {n: p.grad.detach().cpu().clone() for n, p in module.named_parameters()}
     optimizer.step()
-    return dict(
-        grad=grads, param={n: p.detach().cpu().clone() for n, p in module.named_parameters()}
-    )
+    params = {n: p.detach().cpu().clone() for n, p in module.named_parameters()}
+    return dict(grad=as_complex_by_name(grads), param=as_complex_by_name(params))
 
 
 def relative_differences(got: dict, ref: dict) -> dict:
@@ -126,9 +139,13 @@ def worst(diffs: dict) -> tuple[str, str, float]:
 
 
 def summarize(result: dict, tolerance: float = TOLERANCE) -> dict:
-    """ok and the worst difference of each variant, gradients and parameters after the step."""
+    """ok and the worst difference of each variant, gradients and parameters after the step (or
+    the error that stopped the variant)."""
     summary = {}
     for variant in VARIANTS:
+        if "error" in result[variant]:
+            summary[variant] = dict(ok=False, error=result[variant]["error"])
+            continue
         entries = {}
         for what in ("grad", "param"):
             name, part, value = worst(result[variant][what])
@@ -139,8 +156,16 @@ def summarize(result: dict, tolerance: float = TOLERANCE) -> dict:
     return summary
 
 
+def _what_went_wrong(entry: dict) -> str:
+    if "error" in entry:
+        return f"stops: {entry['error']}"
+    bad = entry["grad"]
+    return f"{bad['parameter']} {bad['part']} part off by {bad['relative_difference']:.2g} relative"
+
+
 def verdict_line(check: dict) -> str:
-    """The day-0 report's one line: does plain DDP average complex gradients right on this node?"""
+    """The day-0 report's one line: does DDP average the FNO's gradients right on this node, plain
+    (complex weights) and as the course runs it (real weights, solution 05 on)?"""
     if not check.get("ran"):
         return f"complex gradients under DDP: not checked ({check.get('why', 'not run')})"
     if "summary" not in check:
@@ -152,44 +177,29 @@ def verdict_line(check: dict) -> str:
         f"{check['library']}, {check['world_size']} ranks x {check['batch']} "
         f"vs 1 rank x {check['world_size'] * check['batch']}"
     )
-    plain, hook = check["summary"]["plain"], check["summary"]["hook"]
+    plain, real = check["summary"]["plain"], check["summary"]["real_weights"]
+    if not real["ok"]:
+        return (
+            f"complex gradients under DDP: the course's real weights are NOT averaged right on "
+            f"this node ({where}: {_what_went_wrong(real)}): train on one GPU per job here, and "
+            f"report it"
+        )
+    course = f"the course's real weights (solution 05 on) are averaged right ({where})"
     if plain["ok"]:
         return (
-            f"complex gradients under DDP: plain DDP averages them right on this node ({where}: "
-            f"every gradient's real and imaginary parts within {check['tolerance']:g})"
-        )
-    bad = plain["grad"]
-    found = (
-        f"{bad['parameter']} {bad['part']} part off by {bad['relative_difference']:.2g} relative"
-    )
-    if hook["ok"]:
-        return (
-            f"complex gradients under DDP: plain DDP does NOT average them right on this node "
-            f"({where}: {found}); the real-view hook does: switch it on in exercise 05 "
-            f"(ddp_model.register_comm_hook(None, wellfno.ddp.complex_as_real_allreduce_hook))"
+            f"complex gradients under DDP: {course}; plain DDP of complex weights would be right "
+            f"here too (every real and imaginary part within {check['tolerance']:g})"
         )
     return (
-        f"complex gradients under DDP: neither plain DDP nor wellfno.ddp's real-view hook averages "
-        f"them right on this node ({where}: {found}): train exercise 05 on one GPU per job here"
+        f"complex gradients under DDP: {course}; plain DDP of complex weights would NOT be "
+        f"({_what_went_wrong(plain)}): why exercise 05 keeps them real"
     )
-
-
-def recording_hook(seen: set):
-    """complex_as_real_allreduce_hook, noting the dtype DDP's reducer gives the buckets of complex
-    parameters: complex64 (the hook views them as real) or float32 (the reducer already did)."""
-
-    def hook(process_group, bucket):
-        if any(p.is_complex() for p in bucket.parameters()):
-            seen.add(str(bucket.buffer().dtype).replace("torch.", ""))
-        return complex_as_real_allreduce_hook(process_group, bucket)
-
-    return hook
 
 
 def run_check(
     out: Path, backend: str, batch: int, grid: int, width: int, modes: int, timeout: float
 ):
-    """Every rank: one step with plain DDP and one with the hook; rank 0 also one step on its own,
+    """Every rank: one step with plain DDP and one with real weights; rank 0 also one on its own,
     the whole global batch (the reference). Each rank saves what it holds; rank 0 writes RESULT.
     With TF32 off (wellfno.device.exact_float32): NVIDIA's default TF32 convolutions differ by
     about 1e-3, far beyond TOLERANCE, and would fail every variant."""
@@ -218,23 +228,25 @@ def run_check(
     try:
         x, y = example_batch(batch * world, grid, device)
         mine = slice(rank * batch, (rank + 1) * batch)
-        held, buckets = {}, set()
+        held = {}
         for variant in VARIANTS:
-            model = example_model(device, grid, width, modes)
-            ddp = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None
-            )
-            if variant == "hook":
-                ddp.register_comm_hook(None, recording_hook(buckets))
-            held[variant] = train_step(ddp, model.loss, x[mine], y[mine])
+            model = example_model(device, grid, width, modes, variant == "real_weights")
+            try:
+                ddp = torch.nn.parallel.DistributedDataParallel(
+                    model, device_ids=[device.index] if device.type == "cuda" else None
+                )
+                held[variant] = train_step(ddp, model.loss, x[mine], y[mine])
+            except RuntimeError as error:  # e.g. torch 2.5's gloo: no complex type, every rank
+                held[variant] = {"error": str(error).strip().splitlines()[0]}
         out.mkdir(parents=True, exist_ok=True)
         atomic_torch_save(out / f"rank{rank}.pt", held)
         if rank == 0:
-            model = example_model(device, grid, width, modes)
-            reference = train_step(model, model.loss, x, y)
+            model = example_model(device, grid, width, modes, real_weights=False)
+            reference = train_step(model, model.loss, x, y)  # complex: neuralop's own names
             atomic_torch_save(out / "reference.pt", reference)
             result = {
-                v: {w: relative_differences(held[v][w], reference[w]) for w in ("grad", "param")}
+                v: held[v] if "error" in held[v] else
+                {w: relative_differences(held[v][w], reference[w]) for w in ("grad", "param")}
                 for v in VARIANTS
             }
             complex_grads = [g for g in reference["grad"].values() if g.is_complex()]
@@ -256,7 +268,6 @@ def run_check(
                 device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 tolerance=TOLERANCE,
                 complex_parameters=len(complex_grads),
-                complex_buckets_as=sorted(buckets),  # what the reducer hands a hook
                 imaginary_gradient_max=max(g.imag.abs().max().item() for g in complex_grads),
                 differences=result,
                 summary=summarize(result),

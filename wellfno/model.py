@@ -14,6 +14,42 @@ from neuralop.models import FNO
 from torch import nn
 
 
+class RealWeight(nn.Module):
+    """A complex weight held as its real view: `as_real`, a float32 parameter of shape (..., 2).
+
+    Stands in for neuralop's dense weight (tltorch's DenseTensor) in a SpectralConv: the
+    convolution slices it (`weight[slices]`) and calls `to_tensor()`; both give the complex view.
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.as_real = nn.Parameter(torch.view_as_real(weight.detach()).clone())
+
+    def to_tensor(self) -> torch.Tensor:
+        return torch.view_as_complex(self.as_real)  # a view: gradients reach as_real
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.to_tensor()[index]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.as_real.shape[:-1]
+
+
+def spectral_weights_as_real(model: nn.Module) -> nn.Module:
+    """Every complex dense weight of `model`'s spectral convolutions held as a real parameter
+    (RealWeight), in place; returns `model`. The forward computes the same numbers; DDP, optimizers
+    and GradScaler see only float32 parameters (wellfno/ddp.py says why that matters)."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, nn.Module) and hasattr(weight, "to_tensor"):
+            tensor = weight.to_tensor()
+            if not tensor.is_complex() or not isinstance(tensor, nn.Parameter):
+                continue  # a factorized or real weight: nothing this function knows how to hold
+            module.weight = RealWeight(tensor)
+    return model
+
+
 def channel_stats(stats: dict, field_names: list[str]) -> dict[str, torch.Tensor]:
     """Per-channel mean, std, mean_delta, std_delta (float32) in the order of the fields."""
     out = {}
@@ -33,12 +69,16 @@ class NextFrameFNO(nn.Module):
     channel, a 2-D velocity two (`wellfno.data.channel_names` lists them). The K
     `constant_channels` (fields that do not change in time, e.g. a material's density)
     come after the frames, once (`wellfno.data.batch_to_model`). The FNO has one Fourier
-    mode count per spatial axis, at most the axis' length.
+    mode count per spatial axis, at most the axis' length. Its complex spectral weights are held
+    as real parameters, their real views (`spectral_weights_as_real`): DistributedDataParallel
+    broadcasts and averages complex tensors wrong or not at all on some backends and torch
+    versions (wellfno/ddp.py, exercises/05_ddp/background.md); `real_weights=False` keeps
+    neuralop's complex parameters.
     """
 
     def __init__(self, channels_per_frame: int, n_steps_input: int, stats: dict[str, torch.Tensor], *,
                  n_spatial_dims: int = 2, constant_channels: int = 0, resolution=None,
-                 modes: int = 12, width: int = 32, layers: int = 4):
+                 modes: int = 12, width: int = 32, layers: int = 4, real_weights: bool = True):
         super().__init__()
         self.channels_per_frame, self.width, self.layers = channels_per_frame, width, layers
         self.resolution = tuple(resolution) if resolution else None  # for wellfno.memory's estimates
@@ -47,6 +87,8 @@ class NextFrameFNO(nn.Module):
         n_modes = tuple(min(modes, n) for n in resolution) if resolution else (modes,) * n_spatial_dims
         self.fno = FNO(n_modes=n_modes, in_channels=self.in_channels, out_channels=channels_per_frame,
                        hidden_channels=width, n_layers=layers)
+        if real_weights:  # complex spectral weights kept as real parameters, for DDP (exercise 05)
+            spectral_weights_as_real(self.fno)
         # One step of change in z-scored units: (delta - mean_delta) / std_delta, times std_delta / std.
         std = stats["std"].clamp_min(1e-4)
         per_channel = (1, -1) + (1,) * len(n_modes)

@@ -93,30 +93,6 @@ def spectral_convs_in_float32(fno):
         conv.register_forward_pre_hook(to_float32)
 
 
-class ComplexGradsAsReal:
-    """The optimizer as GradScaler sees it: complex gradients shown as real (..., 2) views.
-
-    GradScaler cannot unscale complex gradients (pytorch/pytorch#58228), and the spectral weights
-    are complex. Unscaling a real view unscales the complex gradient in place; step() is the
-    optimizer's own.
-    """
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-
-    @property
-    def param_groups(self):
-        def real(p):  # GradScaler reads p.grad of each parameter: give it a real view of both
-            if p.grad is None or not p.grad.is_complex():
-                return p
-            view = torch.view_as_real(p.detach())
-            view.grad = torch.view_as_real(p.grad)
-            return view
-        return [{**group, "params": [real(p) for p in group["params"]]}
-                for group in self.optimizer.param_groups]
-
-    def step(self, *args, **kwargs):
-        return self.optimizer.step(*args, **kwargs)
-
 
 def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, max_steps=None,
                     untimed_steps=0, prof=None, show=True, log_every=1):
@@ -146,7 +122,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
         with record_function("optimizer"):
-            scaler.step(ComplexGradsAsReal(optimizer))  # optimizer.step(); fp16: unscale, skip inf
+            scaler.step(optimizer)  # optimizer.step(); fp16: unscale first, skip on inf/NaN
             scaler.update()
         loss_sum += loss.detach() * len(x)  # queued on the device: no wait
         samples, steps = samples + len(x), steps + 1
