@@ -148,6 +148,17 @@ def test_slurm_every_gpu_job_runs_its_own_gpu_selection(slurm_gpus, batch, reque
     assert sorted(r["rank"] for r in train) == [0, 1], train   # each rank got to its device work
 
 
+@batched("test_slurm_ddp_steps_with_default_flags_bind_each_rank_to_its_own_gpu", gpus=4,
+         seconds=120)
+def _defaults(root, data):
+    env = seam_env(root / "defaults", data, "nvidia", GPUS_PER_NODE="4")
+    script = root / "default_flags.sbatch"
+    script.write_text(DEFAULTS_JOB)
+    job = sbatch(str(script), env=env, run_root=root / "defaults" / "runs",
+                 sbatch_opts=["--nodes=1", "--ntasks=2", "--cpus-per-task=1", "--gpus-per-node=4"])
+    return job, root / "defaults"
+
+
 MODES_JOB = r"""#!/bin/bash
 #SBATCH --job-name=gpu_modes
 . "$WELLFNO_ROOT/slurm/common.sh"
@@ -224,3 +235,65 @@ def test_slurm_gpu_modes_drive_distinct_and_closest_gpus(slurm_gpus, batch, requ
     assert lines == [f"error: ranks 0 and 1 both drive GPU {gpu0} on {host}: give each rank its "
                      "own GPU with srun --ntasks-per-node=N --gpus-per-node=N "
                      "(slurm/submit_all.sh does it), or --gpus-per-task=1"], log[-3000:]
+
+
+# Solutions 05, 07 and 13 as a participant starts them: no --device, --backend or --bind, so each
+# rank binds itself (--bind exclusive) after export_rendezvous, in every GPU mode (issue #34).
+DEFAULT_FLAG_STEPS = ("05_ddp", "07_failures", "13_domain_parallel")
+DEFAULTS_JOB = r"""#!/bin/bash
+#SBATCH --job-name=default_flags
+. "$WELLFNO_ROOT/slurm/common.sh"
+seam="$WELLFNO_GPU_SEAM"
+for step in """ + " ".join(DEFAULT_FLAG_STEPS) + r"""; do
+  prog=(solutions/$step/fno.py --dataset "$DATASET" --data-dir "$WELL_DATA")
+  # --gpus-per-task=1 (launch_gpu, site.env's default)
+  WELLFNO_GPU_SEAM=$seam/$step-per_task launch_gpu --cpu-bind=cores -- \
+    "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$step-1"
+  # --gpus-per-node: every GPU of the node visible to each rank (launch_ddp, the DDP steps)
+  WELLFNO_GPU_SEAM=$seam/$step-per_node launch_ddp --cpu-bind=cores -- \
+    "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$step-2"
+  # --gpu-bind=closest (site.env GPU_BIND=closest): each task sees its NUMA domain's GPUs
+  WELLFNO_GPU_SEAM=$seam/$step-closest _wf_run "${GPU_SRUN_FLAGS[@]}" --gpu-bind=closest \
+    --cpu-bind=cores -- "${GPU_WRAP[@]}" "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$step-3"
+done
+"""
+
+
+def test_slurm_ddp_steps_with_default_flags_bind_each_rank_to_its_own_gpu(slurm_gpus, batch,
+                                                                         request):
+    """Solutions 05, 07 and 13 with their default flags, two tasks of a 4-GPU allocation under
+    --gpus-per-task=1, --gpus-per-node and --gpu-bind=closest: every rank binds (--bind
+    exclusive, after export_rendezvous) to the GPU it chose at start-up, its own, and reaches its
+    device work. Before the launch was kept across export_rendezvous, bind took the srun tasks
+    for torchrun workers and stopped under --gpus-per-task=1: "2 ranks on this node but only 1
+    GPUs visible"."""
+    if request.node.name not in batch:
+        pytest.skip("needs 4 stand-in GPUs on a node")
+    job, root = batch[request.node.name]
+    wait(job, timeout=600)
+    log = job.out.read_text(errors="replace") + (job.err.read_text(errors="replace")
+                                                 if job.err.exists() else "")
+    assert not [line for line in error_lines(log) if line.startswith("error:")], log[-3000:]
+    job.assert_completed()
+    recs = [r for r in records(root / "seam") if r["argv"][0].endswith("fno.py")]
+    modes = {}
+    for r in recs:
+        modes.setdefault(r["mode"], []).append(r)
+    assert set(modes) == {f"{s}-{m}" for s in DEFAULT_FLAG_STEPS
+                          for m in ("per_task", "per_node", "closest")}, sorted(modes)
+    cores = gres_cores()
+    for mode, got in sorted(modes.items()):
+        got.sort(key=lambda r: r["rank"])
+        assert [r["rank"] for r in got] == [0, 1], (mode, got)
+        assert "--bind" not in " ".join(got[0]["argv"]) and "--device" not in got[0]["argv"]
+        assert_one_gpu_per_rank(got, mode)
+        for r in got:
+            assert r["backend"] == "nccl" and r["device_work"], (mode, r)
+            # pick_backend's choice at start-up, then bind's: one GPU, the one it worked on
+            chosen = [e["gpu"] for e in r["events"] if "set_device" in e]
+            assert len(chosen) == 2 and set(chosen) == {r["gpu"]}, (mode, r["rank"], r["events"])
+            if mode.endswith("closest"):
+                near = cores.get((r["host"], r["gpu"])) or cores[("*", r["gpu"])]
+                assert set(r["cpus"]) <= near, (mode, r["rank"], r["cpus"], r["gpu"])
+        if mode.endswith("per_task"):
+            assert [len(r["visible"]) for r in got] == [1, 1], (mode, got)
