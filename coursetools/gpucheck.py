@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
+from wellfno.launch import launch_environment
 
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
                 "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
@@ -113,8 +114,8 @@ def task_record(torch) -> dict:
     """What this task was handed, and whether its GPUs compute correctly."""
     from affinity.report import report_line
 
-    rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
-    rec = {"host": socket.gethostname(), "rank": int(rank), "local_rank": int(os.environ.get("SLURM_LOCALID", "0")),
+    launch = launch_environment()  # srun's task, torchrun's worker, or rank 0 of 1
+    rec = {"host": socket.gethostname(), "rank": launch.rank, "local_rank": launch.local_rank,
            "versions": versions(torch), "visible": {k: os.environ.get(k) for k in VISIBLE_VARS},
            "cpus": sorted(os.sched_getaffinity(0)), "gpus": []}
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0

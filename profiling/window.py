@@ -6,20 +6,20 @@ reads its own); `nvtx_ranges` is solution 10's --nvtx (NVTX / ROCTx ranges for v
 tests/test_drift.py checks that each is the taught code, statement for statement.
 """
 import contextlib
-import os
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling import summarize, timeline, traces
 from wellfno.cli import UserError
+from wellfno.launch import launch_environment
 
 
 def start(args, device, out):
     """The started profiler of a --profile run and the trace it will write (None, None without)."""
     prof = trace = None
     if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+        rank = launch_environment().rank  # torchrun's or srun's rank, 0 alone
         # the recorded steps are ProfilerStep#first..#last
         first = args.profile_wait + args.profile_warmup
         trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"

@@ -304,3 +304,19 @@ def test_nccl_without_gpu_is_one_line():
     with pytest.raises(UserError, match="sees no GPU"):
         devmod.pick_device("cuda")
     assert devmod.pick_device("auto") == torch.device("cpu")
+
+
+def test_only_wellfno_launch_reads_the_launchers_rank():
+    """SLURM_PROCID (srun's rank) is read in one place, wellfno.launch, with its rules (torchrun
+    under srun, a batch script's own shell): every other reader asks launch_environment()."""
+    readers = []
+    for folder in ("wellfno", "profiling", "affinity", "benchtools", "coursetools", "solutions",
+                   "exercises"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path != REPO / "wellfno" / "launch.py" and "SLURM_PROCID" in path.read_text():
+                readers.append(str(path.relative_to(REPO)))
+    for script in ("fno.py", "stats.py"):
+        if "SLURM_PROCID" in (REPO / script).read_text():
+            readers.append(script)
+    assert not readers, f"read the rank with wellfno.launch.launch_environment(): {readers}"
+

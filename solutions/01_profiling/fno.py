@@ -22,6 +22,7 @@ from wellfno import data, memory, plots
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
 from wellfno.device import DEVICE_CHOICES, pick_device
+from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.rollout import evaluate_rollouts
 
@@ -176,7 +177,7 @@ def main(argv=None):
 
     prof = trace = None
     if args.profile:
-        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+        rank = launch_environment().rank  # torchrun's or srun's rank, 0 alone
         # the recorded steps are ProfilerStep#first..#last
         first = args.profile_wait + args.profile_warmup
         trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
