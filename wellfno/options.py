@@ -4,6 +4,7 @@ From solution 03 on, a solution's parse_args adds only its own step's options: `
 solution 02's options (fno.py's, 01's --profile-*, 02's loader options) and `check_arguments` its
 checks of 02's and 01's options, statement for statement (tests/test_drift.py checks both).
 """
+import argparse
 import os
 
 from wellfno import data
@@ -43,8 +44,8 @@ def add_arguments(p):
                    help="batches each worker loads ahead (torch: 2)")
     p.add_argument("--persistent-workers", action="store_true",
                    help="keep the workers from one epoch to the next")
-    p.add_argument("--pin-memory", action="store_true",
-                   help="batches in page-locked memory: faster copies to a GPU")
+    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction,
+                   help="batches in page-locked memory: faster copies to a GPU (default: on a GPU)")
     p.add_argument("--fast-reader", action="store_true",
                    help="wellfno.fastwell: WellDataset's samples, read faster")
 

@@ -59,8 +59,8 @@ def parse_args(argv=None):
                    help="batches each worker loads ahead (torch: 2)")
     p.add_argument("--persistent-workers", action="store_true",
                    help="keep the workers from one epoch to the next")
-    p.add_argument("--pin-memory", action="store_true",
-                   help="batches in page-locked memory: faster copies to a GPU")
+    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction,
+                   help="batches in page-locked memory: faster copies to a GPU (default: on a GPU)")
     p.add_argument("--fast-reader", action="store_true",
                    help="wellfno.fastwell: WellDataset's samples, read faster")
     args = p.parse_args(argv)
@@ -162,11 +162,11 @@ def main(argv=None):
                             boundary_return_type=None) for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
-    # page-locking only speeds up copies to a GPU; torch would warn
+    # pin by default on a GPU (--no-pin-memory: off); on a CPU torch would warn and pin nothing
     if args.pin_memory and device.type != "cuda":
         print(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
     loader_options = dict(num_workers=args.num_workers,
-                          pin_memory=args.pin_memory and device.type == "cuda")
+                          pin_memory=args.pin_memory is not False and device.type == "cuda")
     if args.num_workers:  # DataLoader refuses these without workers
         loader_options.update(prefetch_factor=args.prefetch_factor,
                               persistent_workers=args.persistent_workers)

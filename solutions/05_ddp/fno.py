@@ -157,11 +157,11 @@ def train(args, env, backend, device):
                             boundary_return_type=None) for split in ("train", "valid")}
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
-    # page-locking only speeds up copies to a GPU; torch would warn
+    # pin by default on a GPU (--no-pin-memory: off); on a CPU torch would warn and pin nothing
     if args.pin_memory and device.type != "cuda":
         print(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
     loader_options = dict(num_workers=args.num_workers,
-                          pin_memory=args.pin_memory and device.type == "cuda")
+                          pin_memory=args.pin_memory is not False and device.type == "cuda")
     if args.num_workers:  # DataLoader refuses these without workers
         loader_options.update(prefetch_factor=args.prefetch_factor,
                               persistent_workers=args.persistent_workers)
