@@ -8,7 +8,13 @@ A host sync is one of:
     (and their driver and HIP names);
   - a `cuda_sync` record of CUPTI (Stream Sync, Context Sync, Event Sync; not "Stream Wait Event",
     which makes one stream wait for another and never blocks the host);
-  - a device-to-host copy.
+  - a device-to-host copy;
+  - a host-to-device copy from pageable memory: CUDA stages it through a pinned buffer, and even a
+    non_blocking one "might be synchronous with respect to host" (the runtime API's "API
+    synchronization behavior"); the host waits for the stream, with no synchronize call or
+    cuda_sync record to show for it. CUDA traces name it "Memcpy HtoD (Pageable -> Device)"
+    (from pinned memory: "(Pinned -> Device)", no sync). ROCm traces do not say where a copy
+    comes from: there it is not counted.
 One `.item()` on a GPU tensor shows up as several of these (the aten op, a DtoH memcpy, a
 cudaStreamSynchronize and its cuda_sync record). They are one sync: signals are grouped by the
 outermost host op (on the same thread) they happen in, or by the runtime call itself when no op
@@ -17,7 +23,8 @@ encloses it (torch.cuda.synchronize()). So the count reads the same on CPU and G
 Sources: the cuda_sync kinds are CUPTI's CUpti_ActivitySynchronizationType as Kineto names them
 (https://docs.nvidia.com/cupti/api/group__CUPTI__ACTIVITY__API.html); cudaMemcpyKind
 (https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html) and HIP's hipMemcpyKind
-share the value 2 for device-to-host.
+share the value 2 for device-to-host; https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html
+(pageable host-to-device copies).
 """
 from __future__ import annotations
 
@@ -47,6 +54,12 @@ def _is_device_to_host(copy: dict, launcher: dict | None) -> bool:
         return True
     kind = (launcher or {}).get("args", {}).get("kind")
     return str(kind) in (str(DEVICE_TO_HOST_KIND), "hipMemcpyDeviceToHost", "cudaMemcpyDeviceToHost")
+
+
+def _is_pageable_host_to_device(copy: dict) -> bool:
+    # CUDA names the source memory: "Memcpy HtoD (Pageable -> Device)" / "(Pinned -> Device)".
+    name = copy.get("name", "").replace(" ", "").lower()
+    return "htod" in name and "(pageable->" in name
 
 
 class _Lanes:
@@ -100,6 +113,8 @@ def host_syncs(trace: dict) -> list[dict]:
             label = f"cuda_sync: {kind}"
         elif cat == "gpu_memcpy" and _is_device_to_host(e, launcher):
             label = "DtoH copy"
+        elif cat == "gpu_memcpy" and _is_pageable_host_to_device(e):
+            label = "pageable HtoD copy"
         else:
             continue
         if launcher is None:  # no host call to pin it to: a sync of its own, at its device time

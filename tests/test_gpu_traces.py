@@ -255,6 +255,32 @@ def test_a100_cuda_sync_events_are_counted_once_each():
         syncs.host_syncs_per_step(traces.load(A100))  # a plain profile without steps: no per-step count
 
 
+def test_a100_pageable_host_to_device_copies_are_syncs_without_a_stream_sync():
+    """A copy from pageable memory waits for the GPU even when nothing calls a synchronize: the
+    A100 trace's 16 `Memcpy HtoD (Pageable -> Device)` came from blocking .to() calls (each with
+    a cudaStreamSynchronize); without those calls and their cuda_sync records, as a
+    non_blocking=True copy from pageable memory leaves the trace, each copy is still a sync. From
+    pinned memory ("Pinned -> Device") the same copies are none."""
+    trace = traces.load(A100)
+    found = syncs.host_syncs(trace)  # as recorded: each copy's sync counted once
+    assert Counter(s["name"] for s in found) == {"aten::to": 16, "cudaDeviceSynchronize": 5}
+    assert all("pageable HtoD copy" in s["signals"] for s in found if s["name"] == "aten::to")
+    stream_syncs = {e["args"]["correlation"] for e in trace["traceEvents"]
+                    if e.get("cat") == "cuda_sync" and e["name"] == "Stream Sync"}
+    non_blocking = dict(trace, traceEvents=[
+        e for e in trace["traceEvents"]
+        if not (e.get("cat") == "cuda_sync" and e["name"] == "Stream Sync")
+        and not (e.get("cat") == "cuda_runtime" and e["name"] == "cudaStreamSynchronize")])
+    assert len(stream_syncs) == 16 and len(non_blocking["traceEvents"]) == len(trace["traceEvents"]) - 32
+    found = syncs.host_syncs(non_blocking)
+    assert Counter(s["name"] for s in found) == {"aten::to": 16, "cudaDeviceSynchronize": 5}
+    assert all(s["signals"] == ["pageable HtoD copy"] for s in found if s["name"] == "aten::to")
+    pinned = dict(non_blocking, traceEvents=[
+        dict(e, name=e["name"].replace("Pageable", "Pinned")) if e.get("cat") == "gpu_memcpy" else e
+        for e in non_blocking["traceEvents"]])
+    assert Counter(s["name"] for s in syncs.host_syncs(pinned)) == {"cudaDeviceSynchronize": 5}
+
+
 def test_merged_v100_and_mi250_keep_steps_and_launches_per_rank(v100):
     merged = merge_traces.merge([(0, v100), (1, mi250_trace())])
     steps = traces.profiler_steps(merged)
