@@ -96,6 +96,14 @@ def test_gpu_names_find_their_datasheet_row(monkeypatch, name, row):
     assert peak.source == flops.GPU_PEAKS[row]["source"] and peak.flops["bf16"] == flops.GPU_PEAKS[row]["bf16"]
 
 
+def test_mi300x_peaks_are_the_rocm_datasheet_s():
+    """ROCm's MI300X table (docs/conceptual/gpu-arch/mi300.md, ROCm/ROCm): vector FP32 163.4,
+    matrix FP32 163.4, TF32 653.7, FP16 and BF16 1307.4 TFLOP/s, dense (FP64 vector is 81.7)."""
+    row = flops.GPU_PEAKS["MI300X"]
+    assert {k: v / 1e12 for k, v in row.items() if k != "source"} == dict(
+        fp32=163.4, fp32_matrix=163.4, tf32=653.7, bf16=1307.4, fp16=1307.4)
+
+
 # Device names as torch.cuda.get_device_name() gives them. NVIDIA: nvidia-smi's names ("NVIDIA RTX
 # A1000" is the workstation card, https://www.nvidia.com/en-us/design-visualization/rtx-a1000/, and
 # "... Laptop GPU" its mobile one). AMD: ROCm's marketing names, "AMD Instinct MI250X/MI250" as
@@ -115,6 +123,9 @@ def test_gpu_names_find_their_datasheet_row(monkeypatch, name, row):
         ("NVIDIA H100 NVL", "H100 NVL"),
         ("AMD Instinct MI250X/MI250", "MI250X (one GCD)"),
         ("AMD Instinct MI250", None),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("AMD Instinct MI300X VF", "MI300X"),  # a virtual function (SR-IOV), as clouds show it
+        ("AMD Instinct MI325X", None),
     ],
 )
 def test_gpu_names_match_whole_model_numbers(monkeypatch, name, row):

@@ -56,6 +56,12 @@ GPU_PEAKS = {
     "MI250X (one GCD)": dict(fp32=23.95e12, fp32_matrix=47.85e12, bf16=191.5e12, fp16=191.5e12,
                              source="https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html "
                                     "(per module: 47.9 / 95.7 / 383 TFLOP/s; two GCDs per module)"),
+    # ROCm shows an MI300X as one GPU in its default (SPX) partition mode: the row is the whole
+    # module's; in CPX mode each of its 8 XCDs is a GPU of its own, an eighth of these.
+    "MI300X": dict(fp32=163.4e12, fp32_matrix=163.4e12, tf32=653.7e12, bf16=1307.4e12,
+                   fp16=1307.4e12,
+                   source="https://rocm.docs.amd.com/en/latest/conceptual/gpu-arch/mi300.html "
+                          "(Peak-performance capabilities of the MI300X; dense)"),
     "MI300A": dict(fp32=122.6e12, fp32_matrix=122.6e12, tf32=490.3e12, bf16=980.6e12, fp16=980.6e12,
                    source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300a.html"),
 }
@@ -64,7 +70,8 @@ GPU_PEAKS = {
 # collect_env on such nodes; ray's amd_gpu.py product table): it may be either, and the MI250X's
 # peak, the larger, is taken, so that MFU is never overstated. A plain MI250 (lower peaks) has no
 # row: no MFU rather than one against the wrong peak.
-_NAME_KEYS = (("MI300A", "MI300A"), ("MI250X", "MI250X (one GCD)"), ("H200 NVL", "H200 NVL"),
+_NAME_KEYS = (("MI300X", "MI300X"), ("MI300A", "MI300A"), ("MI250X", "MI250X (one GCD)"),
+              ("H200 NVL", "H200 NVL"),
               ("H200", "H200"), ("H100 NVL", "H100 NVL"), ("H100 PCIe", "H100 PCIe"),
               ("H100", "H100 SXM"), ("A100", "A100"))
 AMD_ZEN4_FAMILY = 25  # Zen 3/4 (family 19h): a 512-bit AVX-512 op runs as two 256-bit halves
