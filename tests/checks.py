@@ -23,6 +23,34 @@ def task(exercise: str, number) -> str:
     return f"(exercise {exercise}, task {number})"
 
 
+# The option each task adds. A check that runs a script with an option it does not know yet (the
+# previous step's script, a task not done) says which task adds it, in one sentence, instead of
+# argparse's usage and `unrecognized arguments` (tests/test_check_messages.py).
+OPTION_TASKS = {
+    "--profile": ("01", 2), "--profile-memory": ("01", 2), "--with-stack": ("01", 2),
+    "--profile-warmup": ("01", 3), "--profile-active": ("01", 3),
+    "--num-workers": ("02", 2), "--prefetch-factor": ("02", 2), "--persistent-workers": ("02", 2),
+    "--pin-memory": ("02", 2), "--fast-reader": ("02", "O1"),
+    "--bind": ("03", 3), "--report-workers": ("03", 3),
+    "--backend": ("05", 1), "--eval-only": ("06", 3), "--timeout": ("07", 1),
+    "--log-every": ("08", 1), "--amp": ("09", 1), "--nvtx": ("10", 2), "--layers": ("10", 3),
+    "--compile": ("11", 1), "--checkpoint-blocks": ("12", 1), "--domain-size": ("13", 1),
+}
+UNRECOGNIZED = re.compile(r"unrecognized arguments: (?P<words>[^\r\n]*)")
+
+
+def unknown_option(text: str) -> str | None:
+    """For argparse's `unrecognized arguments: ...` in `text` naming an option a task adds: the
+    sentence that names the option and its task; else None."""
+    refused = UNRECOGNIZED.search(text)
+    words = refused.group("words").split() if refused else []
+    options = [word.split("=")[0] for word in words if word.split("=")[0] in OPTION_TASKS]
+    if not options:
+        return None
+    return (f"the script has no {' or '.join(dict.fromkeys(options))} option yet (argparse: "
+            f"unrecognized arguments): add {options[0]} {task(*OPTION_TASKS[options[0]])}")
+
+
 def require(ok, sentence: str) -> None:
     """Fail with `sentence` alone (no traceback, no values dumped) unless `ok`."""
     if not ok:
@@ -36,10 +64,17 @@ def last_error_line(text: str) -> str:
     return (errors or lines or ["(no output)"])[-1][:300]
 
 
+def why_it_stopped(stderr: str, fix: str) -> str:
+    """What a run that stopped said, and what to do: the task of an option it does not know yet
+    (argparse), else its error line and `fix`."""
+    return unknown_option(stderr) or f"{last_error_line(stderr)}; {fix}"
+
+
 def require_run(result, what: str, fix: str) -> None:
     """A child process (subprocess.CompletedProcess) must have exited 0."""
     require(result.returncode == 0,
-            f"{what} exited with {result.returncode}: {last_error_line(result.stderr)}; {fix}")
+            f"{what} exited with exit code {result.returncode}: "
+            f"{why_it_stopped(result.stderr, fix)}")
 
 
 def run_main_or_fail(call, what: str, fix: str):
@@ -56,7 +91,7 @@ def run_main_or_fail(call, what: str, fix: str):
             raise
         refused = last_error_line(stderr.getvalue())
     if refused is not None:  # outside the except: no "during handling of the above exception"
-        pytest.fail(f"{what} stopped: {refused}; {fix}", pytrace=False)
+        pytest.fail(f"{what} stopped: {why_it_stopped(refused, fix)}", pytrace=False)
     sys.stderr.write(stderr.getvalue())
     return result
 
@@ -64,13 +99,16 @@ def run_main_or_fail(call, what: str, fix: str):
 def require_refused(result, shown: str, fix: str, naming=(), out=None) -> None:
     """`shown` (a run, subprocess.CompletedProcess) was refused in one `error:` line naming
     `naming`, exit non-zero, no traceback, and left no folder `out`."""
+    missing = unknown_option(result.stderr)
+    require(missing is None, f"{shown} stopped: {missing}")
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     traceback = ", a traceback" if "Traceback" in result.stderr else ""
     ok = (result.returncode != 0 and not traceback and len(lines) == 1
           and all(word in result.stderr for word in naming))
     named = f" naming {' and '.join(naming)}" if naming else ""
     last = f", the last: '{lines[-1][:100]}'" if lines else ""
-    require(ok, f"{shown} exited with {result.returncode} and {len(lines)} line(s) on stderr"
-            f"{traceback}{last} (allowed: non-zero, one `error:` line{named}): {fix}")
+    require(ok, f"{shown} ended with exit code {result.returncode} and {len(lines)} line(s) on "
+            f"stderr{traceback}{last} (allowed: a non-zero exit code and one `error:` "
+            f"line{named}): {fix}")
     if out is not None:
         require(not out.exists(), f"{shown} left an output folder: refuse before writing; {fix}")

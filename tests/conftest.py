@@ -124,16 +124,39 @@ def call_main(module, *argv):
     Solution 03 and later bind the process they run in and set torch's threads to its cores; on 2
     shared cores that makes each in-process run several times slower, and it would leak into later
     tests. The binding itself is checked in subprocesses (tests/test_03_affinity_solution.py).
+
+    An option the script does not know yet that a task adds (tests/checks.py, OPTION_TASKS) fails
+    the test with one sentence naming that task, instead of argparse's usage and exit 2.
     """
+    import argparse
+
     import torch
 
-    affinity = os.sched_getaffinity(0)
+    from tests.checks import unknown_option
+
+    affinity, missing = os.sched_getaffinity(0), []
+    error = argparse.ArgumentParser.error
+
+    def refuse(parser, message):
+        sentence = unknown_option(message)
+        if sentence is None:
+            error(parser, message)  # usage and `error:` on stderr, exit 2, as the process does
+        missing.append(sentence)
+        raise SystemExit(2)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch, "set_num_threads", lambda n: None)
+        patch.setattr(argparse.ArgumentParser, "error", refuse)
         try:
             return module.main([str(a) for a in argv])
+        except SystemExit:
+            if not missing:
+                raise
         finally:
             os.sched_setaffinity(0, affinity)
+    # outside the except: no "During handling of the above exception" under the sentence
+    pytest.fail(f"{Path(getattr(module, '__file__', 'script')).name} stopped: {missing[0]}",
+                pytrace=False)
 
 
 def import_script(path: Path):
@@ -201,20 +224,19 @@ def finished_run(tmp_path_factory):
             out = tmp_path_factory.mktemp("run")
             stdout, stderr = io.StringIO(), io.StringIO()
             shown = f"{Path(script).name} {' '.join(map(str, options))}"
+            stopped = None
             try:
                 with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
                     call_main(modules[str(script)], "--data-dir", data_dir, "--out", out, *options)
             except UserError as err:
-                pytest.fail(f"{shown} stopped: error: {err}" + (f"; {fix}" if fix else ""),
+                stopped = f"error: {err}"
+            except SystemExit as err:  # argparse: a value the script refuses
+                if err.code not in (0, None):
+                    said = [line for line in stderr.getvalue().splitlines() if line.strip()]
+                    stopped = f"exit code {err.code}" + (f": {said[-1][:200]}" if said else "")
+            if stopped is not None:  # outside the except: no "During handling of the above ..."
+                pytest.fail(f"{shown} stopped: {stopped}" + (f"; {fix}" if fix else ""),
                             pytrace=False)
-            except SystemExit as err:  # argparse: an option the script does not know
-                if err.code in (0, None):
-                    runs[key] = out, stdout.getvalue()
-                    return runs[key]
-                said = [line for line in stderr.getvalue().splitlines() if line.strip()]
-                pytest.fail(f"{shown} exited with {err.code}" + (f": {said[-1][:200]}" if said
-                                                                   else "")
-                            + (f"; {fix}" if fix else ""), pytrace=False)
             runs[key] = out, stdout.getvalue()
         return runs[key]
 
@@ -259,6 +281,8 @@ def exit_of(module, *argv) -> subprocess.CompletedProcess:
             cli.run_main(lambda: call_main(module, *argv))
         except SystemExit as exit_info:
             code = exit_info.code if isinstance(exit_info.code, int) else (exit_info.code is not None)
+        except (pytest.fail.Exception, pytest.skip.Exception):
+            raise  # the check's own sentence (call_main: an option a task adds), not the script's
         except BaseException:  # noqa: BLE001 - what the interpreter would print and exit with
             traceback.print_exc(file=stderr)
             code = 1

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tests.checks import last_error_line, require
+from tests.checks import require, unknown_option, why_it_stopped
 from tests.conftest import PYTHON, REPO, pythonpath_with
 
 PROBE = Path(__file__).resolve().parent / "ddp_probe"
@@ -79,6 +79,9 @@ def launch(script, world: int, *args, env: dict | None = None, timeout: float = 
             if p.poll() is None:
                 p.kill()
                 p.communicate()
+    for rank, (_, _, err) in enumerate(results):  # the previous step's script, say
+        missing = unknown_option(err)
+        require(missing is None, f"rank {rank} of {Path(script).name} stopped: {missing}")
     return results
 
 
@@ -90,7 +93,8 @@ def assert_ok(results, fix: str | None = None):
     """
     for rank, (rc, out, err) in enumerate(results):
         if fix is not None:
-            require(rc == 0, f"rank {rank} exited with {rc}: {last_error_line(err or out)}; {fix}")
+            require(rc == 0, f"rank {rank} ended with exit code {rc}: "
+                    f"{why_it_stopped(err or out, fix)}")
         assert rc == 0, f"rank {rank} exited with {rc}: " + "\n".join((out + err).strip().splitlines()[-15:])
 
 

@@ -21,10 +21,11 @@ STEP = "08_host_syncs"  # the cross-step matrix (tests/conftest.py) supplies `sc
 
 @pytest.mark.slow
 def test_log_every_changes_only_when_numbers_are_read(script, tiny_data_dir, finished_run):
+    fix = f"the run must finish {task('08', 3)}"
     often, often_out, _ = run_once(finished_run, script, tiny_data_dir, "--max-steps", "3",
-                                   "--log-every", "1")
+                                   "--log-every", "1", fix=fix)
     never, never_out, _ = run_once(finished_run, script, tiny_data_dir, "--max-steps", "3",
-                                   "--log-every", "1000")
+                                   "--log-every", "1000", fix=fix)
     logged = (len(often["history"][0].get("loss_log", [])), len(never["history"][0].get("loss_log",
                                                                                         [1])))
     require(logged == (3, 0), f"3 steps logged {logged[0]} loss(es) with --log-every 1 and "
@@ -48,7 +49,8 @@ def syncs_per_profiled_step(finished_run, script, data_dir, *extra):
     runs here meanwhile), once per session: step 01's baseline serves every solution's check.
     A small model: the syncs per step do not depend on its size, the profiled run's time does."""
     out, _ = finished_run(script, data_dir, "--epochs", "1", "--batch-size", "1", "--profile",
-                          "--max-steps", "10", "--width", "8", "--modes", "4", *extra)
+                          "--max-steps", "10", "--width", "8", "--modes", "4", *extra,
+                          fix=f"the profiled run must finish {task('08', 1)}")
     (trace_file,) = out.glob("trace_rank0_*.json.gz")
     trace = json.loads(gzip.decompress(trace_file.read_bytes()))
     return [row["syncs"] for row in syncs.host_syncs_per_step(trace)]
@@ -80,8 +82,9 @@ def test_log_every_zero_is_a_one_line_error(script_module, tiny_data_dir, tmp_pa
     lines = result.stderr.strip().splitlines()
     require(result.returncode != 0 and "Traceback" not in result.stderr and len(lines) == 1
             and "--log-every" in result.stderr,
-            f"--log-every 0 exited with {result.returncode} and {len(lines)} lines on stderr "
-            f"(allowed: non-zero, one `error:` line naming --log-every) {task('08', 1)}")
+            f"--log-every 0 ended with exit code {result.returncode} and {len(lines)} line(s) on "
+            f"stderr (allowed: a non-zero exit code and one `error:` line naming --log-every) "
+            f"{task('08', 1)}")
     require(not (tmp_path / "out").exists(), f"--log-every 0 left an output folder: refuse it "
             f"before writing {task('08', 1)}")
 

@@ -34,8 +34,12 @@ CASES = [
      "incomplete_launcher or nccl_without_gpu"),
     ("tests/test_06_exact_metrics.py", "solutions/05_ddp/fno.py", "06",
      "eval_only_without_checkpoint or split_smaller"),
-    ("tests/test_07_failures.py", "solutions/06_exact_metrics/fno.py", "07", None),
-    ("tests/test_08_host_syncs.py", "solutions/07_failures/fno.py", "08", None),
+    # with the two-rank check a rank's death fails (it passed the step-06 script before issue 35)
+    ("tests/test_07_failures.py", "solutions/06_exact_metrics/fno.py", "07",
+     "timeout_must_be or (failing_rank and die)"),
+    # with the checks of the runs the quick check shares (the issue-35 case: argparse's exit 2)
+    ("tests/test_08_host_syncs.py", "solutions/07_failures/fno.py", "08",
+     "log_every_changes or log_every_zero"),
     ("tests/test_09_mixed_precision.py", "solutions/08_host_syncs/fno.py", "09", "peak_memory"),
     ("tests/test_10_mfu.py", "solutions/09_mixed_precision/fno.py", "10", None),
     ("tests/test_11_compile.py", "solutions/10_mfu/fno.py", "11", None),
@@ -43,8 +47,13 @@ CASES = [
      "checkpointed_run_trains"),
     ("tests/test_13_domain_parallel.py", "solutions/12_checkpointing/fno.py", "13", None),
 ]
-# What a dump looks like: a tensor or array repr, a dict or list of values, pytest's introspection.
-DUMPS = re.compile(r"tensor\(|array\(|Traceback|^E\s+assert |^E\s+where |\{'|^>\s", re.M)
+# Checks that must fail on the previous step's script (a check that passes there checks nothing).
+MUST_FAIL = {"07": ["test_a_failing_rank_ends_every_rank_within_seconds[script-die]"],
+             "08": ["test_log_every_changes_only_when_numbers_are_read[script]"]}
+# What a dump looks like: a tensor or array repr, a dict or list of values, pytest's introspection,
+# a traceback or an exception raised while handling another, argparse's usage.
+DUMPS = re.compile(r"tensor\(|array\(|Traceback|^E\s+assert |^E\s+where |\{'|^>\s"
+                   r"|During handling of the above exception|^usage: ", re.M)
 SUMMARY = re.compile(r"^(FAILED|ERROR) (?P<test>\S+)(?: - (?P<message>.*))?$", re.M)
 
 
@@ -94,6 +103,9 @@ def test_failures_on_the_previous_step_name_their_task(reports, check, previous,
                          f"{status}:\n{out[-2000:]}")
     failed = SUMMARY.findall(out)
     assert failed, f"no FAILED/ERROR lines in:\n{out[-2000:]}"
+    for test in MUST_FAIL.get(exercise, []):
+        assert any(found[1].endswith("::" + test) for found in failed), \
+            f"{check}'s {test} passes on {previous}, which has nothing of exercise {exercise}"
     # each failure's own section: the text between its header line and the next one
     sections = re.split(r"^_+ .+ _+$", out.split("short test summary info")[0], flags=re.M)[1:]
     assert len(sections) == len(failed), \
@@ -103,5 +115,8 @@ def test_failures_on_the_previous_step_name_their_task(reports, check, previous,
         sentence = "\n".join(line for line in lines if not line.startswith("="))
         where = f"{check} on {previous}"
         assert TASK.search(sentence), f"{where}: a failure names no task:\n{sentence[:1500]}"
+        said = [line for line in sentence.splitlines()  # conftest's summary ends the last one
+                if line.strip() and not line.startswith("time by kind:")]
+        assert len(said) == 1, f"{where}: a failure is not one sentence:\n{sentence[:1500]}"
         assert f"(exercise {exercise}, task" in sentence, sentence[:1500]
         assert not DUMPS.search(sentence), f"{where}: a failure dumps values:\n{sentence[:1500]}"

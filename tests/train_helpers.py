@@ -1,7 +1,7 @@
 """What the checks of exercises 08-12 share: runs of the script on the tiny data."""
 import json
 
-from tests.checks import last_error_line, require, task
+from tests.checks import require, task, why_it_stopped
 from tests.conftest import run_script
 
 RUN = ["--epochs", "1", "--batch-size", "8", "--bind", "none"]
@@ -17,16 +17,17 @@ def train(script, data_dir, out, *extra, fix: str, timeout=300, env=None):
     result = run_script(script, "--data-dir", data_dir, "--out", out, *RUN, *extra, timeout=timeout,
                         env=env)
     shown = " ".join(map(str, extra))
-    require(result.returncode == 0, f"a run with {shown} exited with {result.returncode}: "
-            f"{last_error_line(result.stderr)}; {fix}")
+    require(result.returncode == 0, f"a run with {shown} ended with exit code "
+            f"{result.returncode}: {why_it_stopped(result.stderr, fix)}")
     return json.loads((out / "metrics.json").read_text())
 
 
-def run_once(finished_run, script, data_dir, *extra):
+def run_once(finished_run, script, data_dir, *extra, fix: str = ""):
     """(metrics.json, output folder, stdout) of `script` RUN + extra on the tiny data: one run in
     this process per distinct command and session (conftest.py's `finished_run`), shared by every
-    check that reads it. The folder is shared: read it, do not change it."""
-    out, stdout = finished_run(script, data_dir, *RUN, *extra)
+    check that reads it. The folder is shared: read it, do not change it. `fix`: what to do and
+    its task, said if the run stops."""
+    out, stdout = finished_run(script, data_dir, *RUN, *extra, fix=fix)
     return json.loads((out / "metrics.json").read_text()), out, stdout
 
 
