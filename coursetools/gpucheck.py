@@ -11,8 +11,12 @@
     python -m coursetools.gpucheck report DIR [--expect-gpu]   # DIR/gpu_check.json + gpu_check.txt;
                                                            # exit 1 when a check failed
 
-On a node without a GPU every part still runs, on the CPU, and the report says
-"no GPU: N/A"; with --expect-gpu (a GPU site, GPU_VENDOR in slurm/site.env) that is a failure.
+The report's first line: PASS when every question was asked and answered right; FAIL when a
+check failed; INCOMPLETE when nothing failed but some questions were not asked (on one GPU: DDP
+over NCCL/RCCL, its transport, the 2-GPU tests; or `pytest -m gpu` ran out of its budget), each
+listed on a `NOT ANSWERED (why): ...` line. On a node without a GPU every part still runs, on the
+CPU, and the report says "no GPU: N/A"; with --expect-gpu (a GPU site, GPU_VENDOR in
+slurm/site.env) that is a failure.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +46,8 @@ VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEV
 MATMUL_TOL = 2e-3
 FFT_TOL = 1e-4
 NO_GPU = "no GPU: N/A"
+# Nothing failed, but not every question was asked (not_answered): never reported as PASS.
+INCOMPLETE = "INCOMPLETE"
 
 
 # --------------------------------------------------------------------------- versions
@@ -234,20 +241,65 @@ def train_steps(torch, device, steps: int, batch: int, grid: int, warmup: int = 
             "final_loss": float(loss.detach().cpu())}
 
 
-def run_pytest_gpu(repo: Path, timeout: float = 1200, deselect: tuple[str, ...] = ()) -> dict:
+# A gpu test's skip reason that names the GPUs it needs (tests/test_gpu.py: "needs 2 visible GPUs
+# (...)", tests/test_domain.py: "needs 2 GPUs"): a question a node with fewer cannot answer.
+NEEDS_GPUS = re.compile(r"\bneeds (\d+) (?:visible )?GPUs\b")
+# pytest -v's line per test: "tests/test_gpu.py::test_x[a] SKIPPED (reason)   [ 40%]"
+_OUTCOME = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)"
+                      r"(?: \((.*)\))?(?:\s+\[\s*\d+%\])?$")
+# -rs's summary of skips, where -v gives no reason: "SKIPPED [2] tests/test_gpu.py:148: needs ..."
+_SKIPPED = re.compile(r"^SKIPPED \[(\d+)\] (\S+): (.*)$")
+
+
+def run_pytest_gpu(repo: Path, timeout: float = 600, deselect: tuple[str, ...] = ()) -> dict:
+    """`pytest -m gpu` in `timeout` s (its own budget): the outcome, the tests skipped for want
+    of GPUs (`not_answered`), and on a timeout what it answered until then: `timed_out`, not a
+    failure (the report lists the rest as not answered); a test that failed before still fails."""
     skip = ["-k", " and ".join(f"not {name}" for name in deselect)] if deselect else []
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *skip,
-           "tests"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider",
+           *skip, "tests"]
+    # A session of its own: a timeout ends every process of the run (a test's torchrun and its
+    # ranks, holding the GPUs and the output pipe), not pytest alone.
+    # COLUMNS: -v cuts a skip's reason to the terminal's width, and the reason is what we read
+    proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env={**os.environ, "COLUMNS": "1000"})
     try:
-        r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout)
+        text, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"ran": True, "returncode": None, "ok": False, "summary": f"timed out after {timeout:.0f} s"}
-    tail = (r.stdout + r.stderr).strip().splitlines()
-    summary = tail[-1] if tail else ""
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()  # what it printed until then (communicate keeps it)
+    timed_out = proc.returncode is not None and proc.returncode < 0
+    outcomes = {}
+    for line in text.splitlines():
+        m = _OUTCOME.match(line.strip())
+        if m:
+            outcomes[m.group(1)] = (m.group(2), m.group(3) or "")
+    not_answered = [{"test": test, "why": f"needs {NEEDS_GPUS.search(why).group(1)} GPUs"}
+                    for test, (outcome, why) in outcomes.items()
+                    if outcome == "SKIPPED" and NEEDS_GPUS.search(why)]
+    if not any(why for _, why in outcomes.values()):  # a pytest whose -v names no skip reason
+        for line in text.splitlines():
+            m = _SKIPPED.match(line.strip())
+            if m and NEEDS_GPUS.search(m.group(3)):
+                not_answered.append({"test": f"{m.group(2)} ({m.group(1)} test(s))",
+                                     "why": f"needs {NEEDS_GPUS.search(m.group(3)).group(1)} GPUs"})
+    failed = sorted(test for test, (outcome, _) in outcomes.items()
+                    if outcome in ("FAILED", "ERROR"))
+    tail = text.strip().splitlines()
+    record = {"ran": True, "command": " ".join(cmd[1:]), "timeout": timeout,
+              "not_answered": not_answered, "failed": failed, "output_tail": "\n".join(tail[-30:])}
+    if timed_out:
+        counts: dict[str, int] = {}
+        for outcome, _ in outcomes.values():
+            counts[outcome.lower()] = counts.get(outcome.lower(), 0) + 1
+        done = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no test finished"
+        return {**record, "returncode": None, "timed_out": True, "ok": not failed,
+                "counts": counts, "summary": f"timed out after {timeout:.0f} s ({done} by then)"}
+    summary = tail[-1].strip("= ") if tail else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)}
-    # 0 = all passed, 5 = nothing collected/selected; anything else is a failure.
-    return {"ran": True, "command": " ".join(cmd[1:]), "returncode": r.returncode, "ok": r.returncode == 0,
-            "summary": summary, "counts": counts, "output_tail": "\n".join(tail[-30:])}
+    # 0 = all passed; 5 = nothing collected/selected and anything else: a failure.
+    return {**record, "returncode": proc.returncode, "timed_out": False,
+            "ok": proc.returncode == 0, "summary": summary, "counts": counts}
 
 
 # --------------------------------------------------------------------------- the course's steps
@@ -319,6 +371,8 @@ def nccl_transports(text: str) -> dict:
 
 
 def transport_line(found: dict | None) -> str:
+    if found and found.get("needs_gpus"):
+        return f"NCCL/RCCL transport between this node's GPUs: NOT ANSWERED ({found['why']})"
     if not found or not found.get("ran"):
         why = (found or {}).get("why", "not run")
         return f"NCCL/RCCL transport between this node's GPUs: not seen ({why})"
@@ -346,8 +400,12 @@ def run_complex_ddp(torch, out: Path, timeout: float, backend: str = "nccl") -> 
     NCCL_DEBUG=INFO: whether plain DDP averages complex gradients right, and the transport."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < 2:
-        why = NO_GPU if count == 0 else f"needs 2 GPUs, torch sees {count}"
-        return {"complex_ddp": {"ran": False, "why": why}, "transport": {"ran": False, "why": why}}
+        if count == 0:
+            return {"complex_ddp": {"ran": False, "why": NO_GPU},
+                    "transport": {"ran": False, "why": NO_GPU}}
+        # a question this node cannot answer: the report says so, and never PASS for it
+        why = {"ran": False, "why": f"needs 2 GPUs, torch sees {count}", "needs_gpus": 2}
+        return {"complex_ddp": dict(why), "transport": dict(why)}
     env = {
         k: v
         for k, v in os.environ.items()
@@ -468,7 +526,9 @@ def run_06_on_gpu(torch, out: Path, repo: Path, timeout: float) -> dict:
 
 
 def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Path,
-                budget: float = 540, out: Path | None = None) -> dict:
+                budget: float = 540, out: Path | None = None, pytest_budget: float = 600) -> dict:
+    """The node step: `budget` s for training, DDP and step 06; `pytest -m gpu` then has
+    `pytest_budget` s of its own, whatever the others took."""
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     pci = None
@@ -478,7 +538,7 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
             pci = visible_gpu_pci(torch)[0]
         except Exception:  # noqa: BLE001 - old torch: no PCI address, nvidia-smi/rocm-smi unusable
             pci = None
-    deadline = time.monotonic() + budget  # the node step's share of the job's 10 minutes
+    deadline = time.monotonic() + budget  # training, DDP and step 06 together
     rec = {"host": socket.gethostname(), "gpus_visible": torch.cuda.device_count() if gpu else 0}
     if gpu:
         with UtilizationSampler(torch, 0, pci) as sampler:
@@ -491,7 +551,7 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
     rec.update(run_complex_ddp(torch, work / "complex_ddp", _budget_left(deadline, 180)))
     rec["step_06"] = run_06_on_gpu(torch, work / "step_06", repo, _budget_left(deadline, 300))
     if pytest and gpu:
-        rec["pytest_gpu"] = run_pytest_gpu(repo, timeout=_budget_left(deadline, budget),
+        rec["pytest_gpu"] = run_pytest_gpu(repo, timeout=pytest_budget,
                                            deselect=COVERED_BY_NODE_STEP)
     elif pytest:
         rec["pytest_gpu"] = {"ran": False, "ok": True, "summary": f"not run: {NO_GPU} (every gpu test would skip)"}
@@ -528,16 +588,48 @@ def build_report(tasks: list[dict], node: dict | None, expect_gpu: bool) -> dict
     else:
         problems += course_problems(node)
         if not node["pytest_gpu"]["ok"]:
-            problems.append(f"pytest -m gpu failed: {node['pytest_gpu']['summary']}")
+            failed = node["pytest_gpu"].get("failed") or []
+            problems.append(f"pytest -m gpu failed: {node['pytest_gpu']['summary']}"
+                            + (f" ({', '.join(failed)})" if failed else ""))
     any_gpu = any(t["gpus"] for t in tasks)
-    status = "FAIL" if problems else ("PASS" if any_gpu else NO_GPU)
-    return {"status": status, "problems": problems, "expect_gpu": expect_gpu, "tasks": tasks, "node": node}
+    unanswered = not_answered(node) if any_gpu else []
+    if problems:
+        status = "FAIL"
+    elif not any_gpu:
+        status = NO_GPU
+    else:
+        status = INCOMPLETE if unanswered else "PASS"
+    return {"status": status, "problems": problems, "not_answered": unanswered,
+            "expect_gpu": expect_gpu, "tasks": tasks, "node": node}
+
+
+def not_answered(node: dict | None) -> list[dict]:
+    """The questions the node step could not ask: [{"question": ..., "why": ...}]."""
+    if not node:
+        return []
+    out = []
+    for key, question in (("complex_ddp", "complex gradients under DDP over NCCL/RCCL"),
+                          ("transport", "NCCL/RCCL transport between this node's GPUs")):
+        check = node.get(key) or {}
+        if check.get("needs_gpus"):
+            out.append({"question": question, "why": f"needs {check['needs_gpus']} GPUs"})
+    tests = node.get("pytest_gpu") or {}
+    out += [{"question": f"pytest -m gpu: {t['test']}", "why": t["why"]}
+            for t in tests.get("not_answered", [])]
+    if tests.get("timed_out"):
+        out.append({"question": "pytest -m gpu: every test after the last one it reported",
+                    "why": f"timed out after {tests['timeout']:.0f} s: give it more with "
+                           f"--pytest-budget"})
+    return out
 
 
 def complex_ddp_line(node: dict) -> str:
     from wellfno.ddp import verdict_line
 
-    return verdict_line(node.get("complex_ddp") or {"ran": False, "why": "not run"})
+    check = node.get("complex_ddp") or {"ran": False, "why": "not run"}
+    if check.get("needs_gpus"):
+        return f"complex gradients under DDP: NOT ANSWERED ({check['why']})"
+    return verdict_line(check)
 
 
 def course_problems(node: dict) -> list[str]:
@@ -593,11 +685,14 @@ def step_06_lines(step: dict | None) -> list[str]:
 def report_text(rep: dict) -> str:
     from benchtools.machine import cpu_model
 
-    lines = [f"GPU check: {rep['status']}   (CPU: {cpu_model()})"]
-    if rep["tasks"]:
-        v = rep["tasks"][0]["versions"]
-        lines.append(f"versions: python {v['python']}, torch {v['torch']}, CUDA {v['cuda']}, HIP {v['hip']}, "
-                     f"driver {v['driver']}, cuDNN/MIOpen {v['cudnn_or_miopen']}, NCCL/RCCL {v['nccl_or_rccl']}")
+    unanswered = rep.get("not_answered", [])
+    status = rep["status"]
+    if status == INCOMPLETE:  # the first word an instructor reads must not be PASS
+        whys = "; ".join(sorted({q["why"] for q in unanswered}))
+        status = (f"{INCOMPLETE}: {len(unanswered)} question(s) NOT ANSWERED ({whys}), listed at "
+                  f"the end; every check this node could run passed")
+    lines = [f"GPU check: {status}   (CPU: {cpu_model()})"]
+    lines += version_lines(rep["tasks"])
     for t in rep["tasks"]:
         vis = " ".join(f"{k}={v}" for k, v in t["visible"].items() if v is not None) or "(no visible-device variable)"
         lines.append(f"rank {t['rank']} on {t['host']}: {vis}")
@@ -624,10 +719,28 @@ def report_text(rep: dict) -> str:
         lines.append(complex_ddp_line(node))
         lines.append(transport_line(node.get("transport")))
         lines += step_06_lines(node.get("step_06"))
-        lines.append(f"pytest -m gpu: {node['pytest_gpu']['summary']}")
+        tests = node["pytest_gpu"]
+        skipped = len(tests.get("not_answered", []))
+        lines.append(f"pytest -m gpu: {tests['summary']}"
+                     + (f"; {skipped} of the skipped NOT ANSWERED (need more GPUs), listed at "
+                        "the end" if skipped else ""))
+    for q in unanswered:
+        lines.append(f"NOT ANSWERED ({q['why']}): {q['question']}")
     for p in rep["problems"]:
         lines.append(f"PROBLEM: {p}")
     return "\n".join(lines) + "\n"
+
+
+def version_lines(tasks: list[dict]) -> list[str]:
+    """The report's lines on the software: what the first task runs (every task runs the same)."""
+    if not tasks:
+        return []
+    v = tasks[0]["versions"]
+    lines = [f"versions: python {v['python']}, torch {v['torch']}, CUDA {v['cuda']}, "
+             f"HIP {v['hip']}, driver {v['driver']}, cuDNN/MIOpen {v['cudnn_or_miopen']}, "
+             f"NCCL/RCCL {v['nccl_or_rccl']}"]
+    # One more line belongs here: whether this torch is one the course supports (issue #33).
+    return lines
 
 
 def load_results(folder: Path) -> tuple[list[dict], dict | None]:
@@ -651,7 +764,9 @@ def main(argv=None) -> int:
     n.add_argument("--grid", type=int, default=32, help="grid size (32: the demo dataset)")
     n.add_argument("--pytest", action="store_true", help="also run `pytest -m gpu` (where torch sees a GPU)")
     n.add_argument("--budget", type=float, default=540,
-                   help="seconds for this step, all its parts together (the job: 10 minutes)")
+                   help="seconds for the training steps, DDP and step 06 together")
+    n.add_argument("--pytest-budget", type=float, default=600,
+                   help="seconds for `pytest -m gpu`, its own (a timeout is reported as one)")
     r = sub.add_parser("report", help="merge into gpu_check.json + gpu_check.txt")
     r.add_argument("folder")
     r.add_argument("--expect-gpu", action="store_true", help="a GPU site: no GPU is a failure")
@@ -662,7 +777,7 @@ def main(argv=None) -> int:
         if out.exists() and not out.is_dir():
             raise UserError(f"--out {out} is a file; give a folder")
         if args.cmd == "node":
-            for name in ("steps", "batch_size", "grid", "budget"):
+            for name in ("steps", "batch_size", "grid", "budget", "pytest_budget"):
                 if getattr(args, name) < 1:
                     raise UserError(f"--{name.replace('_', '-')} must be at least 1")
         out.mkdir(parents=True, exist_ok=True)
@@ -676,7 +791,7 @@ def main(argv=None) -> int:
         else:
             rec = node_record(torch, args.steps, args.batch_size, args.grid, args.pytest,
                               Path(__file__).resolve().parents[1], budget=args.budget,
-                              out=out / "node")
+                              out=out / "node", pytest_budget=args.pytest_budget)
             atomic_write_json(out / "node.json", rec)
         return 0
 

@@ -124,6 +124,7 @@ def test_cli_end_to_end_on_cpu(tmp_path):
     (["report", "{tmp}/missing"], "is not a folder with gpucheck results"),
     (["task", "--out", "{tmp}/file"], "is a file; give a folder"),
     (["node", "--out", "{tmp}/n", "--steps", "0"], "--steps must be at least 1"),
+    (["node", "--out", "{tmp}/n", "--pytest-budget", "0"], "--pytest-budget must be at least 1"),
 ])
 def test_cli_bad_input_one_line(tmp_path, args, needle):
     (tmp_path / "file").write_text("x")
@@ -186,9 +187,9 @@ def test_transport_line_names_each_kind_and_warns_of_net_between_gpus():
         {"ran": True, **gpucheck.nccl_transports(NCCL_LINES.splitlines()[0])}
     )
     assert "P2P" in p2p_only and "NET" not in p2p_only
-    assert gpucheck.transport_line({"ran": False, "why": "needs 2 GPUs, torch sees 1"}).endswith(
-        "not seen (needs 2 GPUs, torch sees 1)"
-    )
+    assert gpucheck.transport_line(
+        {"ran": False, "why": "needs 2 GPUs, torch sees 1", "needs_gpus": 2}
+    ).endswith("NOT ANSWERED (needs 2 GPUs, torch sees 1)")
 
 
 def _complex(plain_ok=True, hook_ok=True):
@@ -254,7 +255,8 @@ def _step_06(bf16_off=1e-5, compile_off=1e-6, bf16_missing=False):
             "FAIL",
             "did not finish",
         ),
-        ({"complex_ddp": {"ran": False, "why": "needs 2 GPUs, torch sees 1"}}, "PASS", None),
+        ({"complex_ddp": {"ran": False, "why": "needs 2 GPUs, torch sees 1", "needs_gpus": 2}},
+         "INCOMPLETE", None),
         (
             {"step_06": _step_06(bf16_off=5e-3)},
             "FAIL",
@@ -350,3 +352,156 @@ def test_step_06_runs_compare_losses_and_memory(tmp_path, monkeypatch):
     assert runs["float32"]["ok"] and len(runs["float32"]["losses"]) == 5, runs
     assert runs["bf16"]["ok"] and 0 < runs["bf16"]["max_relative_loss_difference"] < 1e-3, runs
     assert all(r["peak_memory_bytes"] > 0 for r in runs.values())
+
+
+# --------------------------------------------------------------------------- one GPU: not answered
+# A stand-in of `pytest -m gpu` (run for real, in its own folder): a test any GPU answers, and
+# the repository's two kinds of 2-GPU skips (tests/test_gpu.py's skipif, tests/test_domain.py's
+# pytest.skip), as they read on a one-GPU node.
+STAND_IN_GPU_TESTS = """\
+import pytest
+
+@pytest.mark.gpu
+def test_one_gpu():
+    pass
+
+@pytest.mark.gpu
+@pytest.mark.skipif(True, reason="needs 2 visible GPUs (DDP over nccl/RCCL: 2 ranks x b vs 1 rank x 2b)")
+@pytest.mark.parametrize("variant", ["plain", "real_weights"])
+def test_two_gpus(variant):
+    pass
+
+@pytest.mark.gpu
+def test_two_gpus_equal_serial():
+    pytest.skip("needs 2 GPUs")
+
+@pytest.mark.gpu
+def test_rocm_only():
+    pytest.skip("ROCm's copy events do not name the source memory; checked on NVIDIA only")
+"""
+
+
+def stand_in_suite(folder, tests=STAND_IN_GPU_TESTS):
+    (folder / "tests").mkdir(parents=True)
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n  gpu: needs a GPU\n")
+    (folder / "tests" / "test_stand_in.py").write_text(tests)
+    return folder
+
+
+def test_a_one_gpu_node_reports_the_questions_it_did_not_answer(tmp_path, monkeypatch):
+    """The node step on a stand-in one-GPU node (torch says 1 GPU; the training steps run on the
+    CPU, step 06 stands in as passed, `pytest -m gpu` runs a stand-in suite): the two-GPU
+    questions each say NOT ANSWERED (needs 2 GPUs), in their own line and at the end, and the
+    report is INCOMPLETE, never PASS; pytest ran on its own budget."""
+    one_gpu = types.SimpleNamespace(
+        device=torch.device,
+        cuda=types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1))
+    real_train_steps, real_pytest = gpucheck.train_steps, gpucheck.run_pytest_gpu
+    monkeypatch.setattr(gpucheck, "train_steps", lambda _torch, device, *a, **k:
+                        real_train_steps(torch, torch.device("cpu"), *a, **k))
+    monkeypatch.setattr(gpucheck, "run_06_on_gpu", lambda *a, **k: _step_06())
+    suite = stand_in_suite(tmp_path / "suite")
+    monkeypatch.setattr(gpucheck, "run_pytest_gpu", lambda repo, timeout, deselect:
+                        real_pytest(suite, timeout, deselect))
+    rec = gpucheck.node_record(one_gpu, 1, 1, 8, True, tmp_path, budget=1, out=tmp_path / "node",
+                               pytest_budget=240)
+    assert rec["pytest_gpu"]["timeout"] == 240  # its own, not what the other checks left (1 s)
+    assert rec["pytest_gpu"]["ok"] and rec["pytest_gpu"]["counts"]["skipped"] == 4, rec["pytest_gpu"]
+
+    rep = gpucheck.build_report([_task(0, [_gpu(0)])], rec, True)
+    assert rep["status"] == "INCOMPLETE" and not rep["problems"], rep
+    assert [(q["why"], q["question"]) for q in rep["not_answered"]] == [
+        ("needs 2 GPUs", "complex gradients under DDP over NCCL/RCCL"),
+        ("needs 2 GPUs", "NCCL/RCCL transport between this node's GPUs"),
+        ("needs 2 GPUs", "pytest -m gpu: tests/test_stand_in.py::test_two_gpus[plain]"),
+        ("needs 2 GPUs", "pytest -m gpu: tests/test_stand_in.py::test_two_gpus[real_weights]"),
+        ("needs 2 GPUs", "pytest -m gpu: tests/test_stand_in.py::test_two_gpus_equal_serial"),
+    ]
+    lines = gpucheck.report_text(rep).splitlines()
+    assert lines[0].startswith("GPU check: INCOMPLETE: 5 question(s) NOT ANSWERED (needs 2 GPUs)")
+    assert not any("PASS" in line for line in lines), lines
+    assert "complex gradients under DDP: NOT ANSWERED (needs 2 GPUs, torch sees 1)" in lines
+    assert ("NCCL/RCCL transport between this node's GPUs: NOT ANSWERED (needs 2 GPUs, torch "
+            "sees 1)") in lines
+    assert [line for line in lines if line.startswith("NOT ANSWERED")] == [
+        f"NOT ANSWERED ({q['why']}): {q['question']}" for q in rep["not_answered"]]
+    # the same node with a second GPU and every question answered: PASS
+    answered = {**rec, "complex_ddp": {"ran": False, "why": "stand-in"},
+                "transport": {"ran": False, "why": "stand-in"},
+                "pytest_gpu": {**rec["pytest_gpu"], "not_answered": []}}
+    assert gpucheck.build_report([_task(0, [_gpu(0)])], answered, True)["status"] == "PASS"
+
+
+SLOW_GPU_TESTS = """\
+import subprocess, sys, time
+import pytest
+
+@pytest.mark.gpu
+def test_quick():
+    pass
+
+@pytest.mark.gpu
+def test_hangs(tmp_path_factory):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open("child.pid", "w") as f:
+        f.write(str(child.pid))
+    time.sleep(120)
+"""
+
+
+def test_pytest_out_of_time_is_a_timeout_not_a_failure(tmp_path):
+    """`pytest -m gpu` past its budget: what it answered stands, the rest is NOT ANSWERED (timed
+    out), the report is INCOMPLETE, not FAIL; the whole run ends, the processes its tests
+    started included (they would hold the GPUs and the output pipe)."""
+    import os
+    import time
+
+    suite = stand_in_suite(tmp_path, SLOW_GPU_TESTS)
+    start = time.monotonic()
+    res = gpucheck.run_pytest_gpu(suite, timeout=15)
+    assert time.monotonic() - start < 60
+    assert res["timed_out"] and res["ok"] and res["returncode"] is None, res
+    assert res["summary"] == "timed out after 15 s (1 passed by then)", res["summary"]
+    child = int((suite / "child.pid").read_text())
+    for _ in range(50):  # killed with its group; gone once its parent (init) reaped it
+        if not os.path.exists(f"/proc/{child}") or "zombie" in _state(child):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the test's child {child} outlived the timeout")
+    rep = gpucheck.build_report([_task(0, [_gpu(0)])], {**NODE, "pytest_gpu": res}, True)
+    assert rep["status"] == "INCOMPLETE" and not rep["problems"], rep
+    assert rep["not_answered"] == [{"question": "pytest -m gpu: every test after the last one it "
+                                                "reported",
+                                    "why": "timed out after 15 s: give it more with "
+                                           "--pytest-budget"}]
+    text = gpucheck.report_text(rep)
+    assert "pytest -m gpu: timed out after 15 s (1 passed by then)" in text and "FAIL" not in text
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line for line in f if line.startswith("State:")), "").lower()
+    except OSError:
+        return "zombie"  # gone
+
+
+def test_every_two_gpu_skip_of_the_gpu_tests_is_read_as_not_answered():
+    """The reasons the repository's GPU tests give when too few GPUs are visible are the ones
+    run_pytest_gpu lists as NOT ANSWERED (a reworded reason would pass for a plain skip)."""
+    import re
+
+    from tests.conftest import REPO
+
+    found = 0
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        text = path.read_text()
+        for m in re.finditer(r"device_count\(\) < (\d+)", text):
+            reason = re.search(r"""(?:reason=|pytest\.skip\()\s*["']([^"']*)""", text[m.end():])
+            assert reason, f"{path.name}: no skip reason after {m.group(0)}"
+            needs = gpucheck.NEEDS_GPUS.search(reason.group(1))
+            assert needs and needs.group(1) == m.group(1), (path.name, reason.group(1))
+            found += 1
+    assert found >= 3  # tests/test_gpu.py's two, tests/test_domain.py's one
+
