@@ -263,12 +263,13 @@ def run_pytest_gpu(repo: Path, timeout: float = 600, deselect: tuple[str, ...] =
     # COLUMNS: -v cuts a skip's reason to the terminal's width, and the reason is what we read
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, env={**os.environ, "COLUMNS": "1000"})
+    timed_out = False
     try:
         text, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)
         text, _ = proc.communicate()  # what it printed until then (communicate keeps it)
-    timed_out = proc.returncode is not None and proc.returncode < 0
     outcomes = {}
     for line in text.splitlines():
         m = _OUTCOME.match(line.strip())
