@@ -411,3 +411,18 @@ def test_bind_after_the_rendezvous_keeps_the_gpu_the_launcher_gave(monkeypatch, 
         assert cpus == spec["gpu_cpus"][gpu], (task, cpus)
         driven.append(gpu)
     assert sorted(driven) == list(range(len(spec["pcis"])))  # every GPU driven once
+
+
+def test_bind_takes_a_launch_decided_by_the_caller(monkeypatch):
+    """bind_this_rank(launch=...): the caller's decision, whatever the environment says now (here
+    nothing: read, it would be a lone process owning GPU 3's whole NUMA node)."""
+    from wellfno.launch import LaunchEnv
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: parse_cpulist("0-255"))
+    monkeypatch.setattr(bind, "set_affinity_all_threads", lambda cpus, include_pinned=False: None)
+    fake, _ = fake_torch([props_for(DGX_PCI[3])])
+    task_3 = LaunchEnv(3, 8, 3, 8, "srun", 0, 8)  # --gpus-per-task=1, 8 tasks on the node
+    for launch, expected in ((task_3, DGX_RANK[3]), (None, "16-31,144-159")):
+        cpus, device = bind.bind_this_rank("exclusive", sysfs=str(FIXTURES / "dgx-a100"),
+                                           torch_module=fake, env={}, launch=launch)
+        assert (format_cpulist(cpus), device) == (expected, torch.device("cuda", 0)), launch
