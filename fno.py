@@ -14,13 +14,13 @@ import torch
 from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from wellfno import data, memory, plots
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
 from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.model import NextFrameFNO, channel_stats
+from wellfno.progress import progress_bar
 from wellfno.rollout import evaluate_rollouts
 
 
@@ -66,7 +66,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
     model.train()
     total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
     start = timed_from = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True)
+    bar = progress_bar(loader, f"epoch {epoch}")
     for batch in bar:
         x, y = data.batch_to_model(batch, device)
         loss = model.loss(model(x), y)
@@ -82,7 +82,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
             timed_from = time.perf_counter()
         else:
             timed_samples += len(x)
-        bar.set_postfix(loss=f"{loss_value:.4f}")
+        bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
         if steps == max_steps:
             break
     bar.close()

@@ -14,7 +14,6 @@ from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from profiling import summarize, timeline, traces
 
@@ -24,6 +23,7 @@ from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_
 from wellfno.device import DEVICE_CHOICES, pick_device
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
+from wellfno.progress import progress_bar
 from wellfno.rollout import evaluate_rollouts
 
 
@@ -83,7 +83,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
     model.train()
     total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
     start = timed_from = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True)
+    bar = progress_bar(loader, f"epoch {epoch}")
     batches = iter(bar)
     while True:
         with record_function("data_wait"):  # the DataLoader reading and collating the next batch
@@ -108,7 +108,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
             timed_from = time.perf_counter()
         else:
             timed_samples += len(x)
-        bar.set_postfix(loss=f"{loss_value:.4f}")
+        bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
         if steps == max_steps:

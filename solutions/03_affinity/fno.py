@@ -13,7 +13,6 @@ from the_well.data import WellDataset
 from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import record_function
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
@@ -25,6 +24,7 @@ from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_
 from wellfno.device import pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.model import NextFrameFNO, channel_stats
+from wellfno.progress import progress_bar
 from wellfno.rollout import evaluate_rollouts
 
 
@@ -60,7 +60,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
     model.train()
     total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
     start = timed_from = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True)
+    bar = progress_bar(loader, f"epoch {epoch}")
     batches = iter(bar)
     while True:
         with record_function("data_wait"):  # the DataLoader reading and collating the next batch
@@ -85,7 +85,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
             timed_from = time.perf_counter()
         else:
             timed_samples += len(x)
-        bar.set_postfix(loss=f"{loss_value:.4f}")
+        bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
         if steps == max_steps:

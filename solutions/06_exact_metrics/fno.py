@@ -16,7 +16,6 @@ from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
@@ -29,6 +28,7 @@ from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
 from wellfno.fastwell import FastWellDataset
 from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
+from wellfno.progress import progress_bar
 from wellfno.ranks import over_ranks, samples_left_out
 from wellfno.rollout import evaluate_rollouts
 
@@ -71,7 +71,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
     model.train()
     total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
     start = timed_from = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True, disable=not show)
+    bar = progress_bar(loader, f"epoch {epoch}", disable=not show)
     batches = iter(bar)
     while True:
         with record_function("data_wait"):  # the DataLoader reading and collating the next batch
@@ -96,7 +96,7 @@ def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, unt
             timed_from = time.perf_counter()
         else:
             timed_samples += len(x)
-        bar.set_postfix(loss=f"{loss_value:.4f}")
+        bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
         if steps == max_steps:

@@ -15,7 +15,6 @@ import torch
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from affinity import training
 from profiling import window
@@ -27,6 +26,7 @@ from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_
                          load_checkpoint, run_main)
 from wellfno.device import synchronize
 from wellfno.model import NextFrameFNO, channel_stats
+from wellfno.progress import progress_bar
 from wellfno.ranks import over_ranks, samples_left_out, validate
 from wellfno.toolchain import check_compiler
 
@@ -96,7 +96,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
     samples, steps, timed_samples, loss_log = 0, 0, 0, []
     synchronize(device)
     start = timed_from = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch}", mininterval=1.0, dynamic_ncols=True, disable=not show)
+    bar = progress_bar(loader, f"epoch {epoch}", disable=not show)
     batches = iter(bar)
     while True:
         with record_function("data_wait"):  # the DataLoader reading and collating the next batch
@@ -122,7 +122,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
             timed_samples += len(x)
         if steps % log_every == 0:  # the one read-back (a host sync) every log_every steps
             loss_log.append([steps, loss_sum.item() / samples])
-            bar.set_postfix(loss=f"{loss_log[-1][1]:.4f}")
+            bar.set_postfix(loss=f"{loss_log[-1][1]:.4f}", refresh=False)
         if prof is not None:
             prof.step()  # closes ProfilerStep#N and moves the schedule on
         if steps == max_steps:
