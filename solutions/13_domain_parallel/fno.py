@@ -20,7 +20,7 @@ from affinity import training
 from profiling import window
 
 from wellfno import amp, data, domain, fastwell, flops, memory, options, ranks, rollout
-from wellfno.amp import ComplexGradsAsReal, check_amp, spectral_convs_in_float32
+from wellfno.amp import check_amp, spectral_convs_in_float32
 from wellfno.checkpointing import checkpoint_blocks
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
@@ -115,7 +115,7 @@ def train_one_epoch(model, loader, optimizer, scaler, autocast, device, epoch, m
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
         with record_function("optimizer"):
-            scaler.step(ComplexGradsAsReal(optimizer))  # optimizer.step(); fp16: unscale, skip inf
+            scaler.step(optimizer)  # optimizer.step(); fp16: unscale first, skip on inf/NaN
             scaler.update()
         loss_sum += loss.detach() * len(x)  # queued on the device: no wait
         samples, steps = samples + len(x), steps + 1
