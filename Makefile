@@ -6,18 +6,22 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU/CUDA wheel from PyPI; a site can point this at its own build or index.
 TORCH_SPEC ?= torch==2.13.0
-# numpy for a torch older than 2.3 (2.1 trains, with known defects: INSTRUCTORS.md).
-NUMPY_FOR_OLD_TORCH ?= numpy==1.26.4
+# The oldest torch the course supports (wellfno/cli.py's OLDEST_TORCH), and the one CI's second
+# leg tests it with (make venv-oldest, make test-oldest; INSTRUCTORS.md, "Oldest supported torch").
+OLDEST_TORCH ?= 2.5
+OLDEST_TORCH_SPEC ?= torch==2.5.1
+OLDEST_VENV ?= .venv-oldest
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test test-matrix test-fast venv data clean help results
+.PHONY: demo test test-matrix test-fast test-oldest venv venv-oldest data clean help results
 
 help:
 	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
 	@echo "make test   run the whole test suite"
 	@echo "make test-matrix  every earlier step's checks on every later solution (long)"
 	@echo "make test-fast  the suite without slow and Slurm tests (1-2 minutes on 2 cores)"
+	@echo "make test-oldest  the oldest supported torch's checks ($(OLDEST_TORCH_SPEC) in $(OLDEST_VENV); make venv-oldest)"
 	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
 	@echo "make results  re-measure every results/*.json the docs quote, then regenerate their tables (ONLY=\"name ...\" for some)"
 
@@ -36,15 +40,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	fi
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	@# requirements.txt pins numpy 2, which torch builds before 2.3 (compiled against NumPy 1.x)
-	@# cannot import: with such a torch (a site's older module), install $(NUMPY_FOR_OLD_TORCH) instead.
-	@if $(PY) -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v >= (2, 3))"; then \
-	  echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') predates 2.3: $(NUMPY_FOR_OLD_TORCH) instead of requirements.txt's numpy"; \
-	  grep -v '^numpy==' requirements.txt > $(VENV)/requirements-old-torch.txt; \
-	  $(PY) -m pip install -q -r $(VENV)/requirements-old-torch.txt "$(NUMPY_FOR_OLD_TORCH)"; \
-	else \
-	  $(PY) -m pip install -q -r requirements.txt; \
-	fi
+	@# A site's torch older than the course supports: one line that says what to do, nothing more.
+	@$(PY) -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < tuple(map(int, '$(OLDEST_TORCH)'.split('.'))))" || \
+	  { echo "error: torch $$($(PY) -c 'import torch; print(torch.__version__)') is older than $(OLDEST_TORCH), the oldest this course supports: load a newer PyTorch module or container, or make venv VENV=.venv-new TORCH_SPEC=$(TORCH_SPEC) without one (INSTRUCTORS.md)"; exit 2; }
+	$(PY) -m pip install -q -r requirements.txt
 	@# neuraloperator requires wandb but imports it only where it is installed (neuralop/utils.py:
 	@# "Only import wandb and use if installed"), and that import costs every process that imports
 	@# neuralop 0.8 s of CPU (`import fno`: 4.5 s with it, 3.6 s without; README, "What we chose");
@@ -66,8 +65,21 @@ demo: venv
 # `-p no:xdist` (or no -n) runs in one process.
 XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
+# Then the oldest supported torch's leg, where its venv exists (CI makes it: .ci/run).
 test: venv
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests
+	@if [ -x $(OLDEST_VENV)/bin/python ]; then $(MAKE) --no-print-directory test-oldest; \
+	else echo "(the oldest supported torch's leg skipped: make venv-oldest makes $(OLDEST_VENV))"; fi
+
+# The oldest supported torch (a venv of its own, the PyPI wheel; it runs on a CPU; pip's cache
+# keeps the wheel for the next time): DDP of every DDP step exact over an NCCL-like process group
+# (tests/test_nccl_seam.py) and a short run of every solution (tests/test_oldest_torch.py).
+venv-oldest:
+	$(MAKE) --no-print-directory venv VENV=$(OLDEST_VENV) TORCH_SPEC=$(OLDEST_TORCH_SPEC)
+
+OLDEST_TESTS ?= tests/test_nccl_seam.py tests/test_oldest_torch.py
+test-oldest: venv-oldest
+	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider $(OLDEST_TESTS)
 
 # Every earlier step's checks on every later solution (make test: each on its own solution).
 test-matrix: venv

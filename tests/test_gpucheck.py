@@ -192,7 +192,7 @@ def test_transport_line_names_each_kind_and_warns_of_net_between_gpus():
     ).endswith("NOT ANSWERED (needs 2 GPUs, torch sees 1)")
 
 
-def _complex(plain_ok=True, hook_ok=True):
+def _complex(plain_ok=True, real_ok=True):
     entry = lambda ok: {
         "ok": ok,
         "grad": {
@@ -209,7 +209,7 @@ def _complex(plain_ok=True, hook_ok=True):
         "world_size": 2,
         "batch": 4,
         "tolerance": 1e-5,
-        "summary": {"plain": entry(plain_ok), "hook": entry(hook_ok)},
+        "summary": {"plain": entry(plain_ok), "real_weights": entry(real_ok)},
     }
 
 
@@ -244,12 +244,10 @@ def _step_06(bf16_off=1e-5, compile_off=1e-6, bf16_missing=False):
     "extra,status,needle",
     [
         ({"complex_ddp": _complex(), "step_06": _step_06()}, "PASS", None),
-        (
-            {"complex_ddp": _complex(plain_ok=False)},
-            "FAIL",
-            "plain DDP does NOT average them right",
-        ),
-        ({"complex_ddp": _complex(False, False)}, "FAIL", "neither plain DDP nor"),
+        # plain DDP of complex weights wrong on the node: information (the course's are real)
+        ({"complex_ddp": _complex(plain_ok=False), "step_06": _step_06()}, "PASS", None),
+        ({"complex_ddp": _complex(False, False)}, "FAIL",
+         "the course's real weights are NOT averaged right"),
         (
             {"complex_ddp": {"ran": True, "backend": "nccl", "why": "exit 1: NCCL error"}},
             "FAIL",
@@ -321,11 +319,9 @@ def test_complex_ddp_step_runs_the_real_check(tmp_path):
     """The node step's torchrun of wellfno.ddp, over gloo here: its result and its one line."""
     rec = gpucheck.run_complex_ddp(_two_gpus_seen(), tmp_path / "c", timeout=240, backend="gloo")
     check = rec["complex_ddp"]
-    assert check["ran"] and check["summary"]["plain"]["ok"] and check["summary"]["hook"]["ok"], (
-        check
-    )
+    assert check["ran"] and check["summary"]["real_weights"]["ok"], check
     assert gpucheck.complex_ddp_line(rec).startswith(
-        "complex gradients under DDP: plain DDP averages them right"
+        "complex gradients under DDP: the course's real weights (solution 05 on) are averaged right"
     )
     assert rec["transport"] == {
         "ran": True,

@@ -20,9 +20,36 @@ class UserError(Exception):
     """A problem the user can fix; its message says how."""
 
 
+# The oldest torch the course supports: every step runs on it (make test-oldest, CI's second leg,
+# torch 2.5.1; INSTRUCTORS.md, "Oldest supported torch"). The Makefile's OLDEST_TORCH says the same.
+OLDEST_TORCH = (2, 5)
+
+
+def torch_version(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string: "2.5.1+cu124" -> (2, 5)."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def check_torch(version: str) -> None:
+    """One `error:` line when `version` is older than the oldest torch the course supports."""
+    if torch_version(version) < OLDEST_TORCH:
+        oldest = ".".join(map(str, OLDEST_TORCH))
+        raise UserError(
+            f"torch {version} is older than {oldest}, the oldest this course supports: load a newer "
+            f"PyTorch module or container (at least {oldest}), or make a venv of its own with "
+            "`make venv VENV=.venv-new TORCH_SPEC=torch==2.13.0` (INSTRUCTORS.md, 'Oldest "
+            "supported torch')")
+
+
 def run_main(main: Callable[[], Any]) -> NoReturn:
-    """Run `main`; turn a UserError (or Ctrl-C) into one line on stderr and a non-zero exit."""
+    """Run `main`; turn a UserError (or Ctrl-C) into one line on stderr and a non-zero exit.
+
+    A script that imported torch first has it checked against OLDEST_TORCH (not imported here:
+    a tool without torch pays nothing)."""
     try:
+        if "torch" in sys.modules:
+            check_torch(sys.modules["torch"].__version__)
         rc = main()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
