@@ -74,7 +74,9 @@ test: venv
 # The oldest supported torch (a venv of its own, the PyPI wheel; it runs on a CPU; pip's cache
 # keeps the wheel for the next time): DDP of every DDP step exact over an NCCL-like process group
 # (tests/test_nccl_seam.py) and a short run of every solution (tests/test_oldest_torch.py).
+# A plain venv first, so that a torch on the system's Python (a site's module) is not reused here.
 venv-oldest:
+	@[ -x $(OLDEST_VENV)/bin/python ] || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(MAKE) --no-print-directory venv VENV=$(OLDEST_VENV) TORCH_SPEC=$(OLDEST_TORCH_SPEC)
 
 OLDEST_TESTS ?= tests/test_nccl_seam.py tests/test_oldest_torch.py

@@ -742,7 +742,10 @@ def version_lines(tasks: list[dict]) -> list[str]:
     lines = [f"versions: python {v['python']}, torch {v['torch']}, CUDA {v['cuda']}, "
              f"HIP {v['hip']}, driver {v['driver']}, cuDNN/MIOpen {v['cudnn_or_miopen']}, "
              f"NCCL/RCCL {v['nccl_or_rccl']}"]
-    # One more line belongs here: whether this torch is one the course supports (issue #33).
+    # whether the course supports this torch (wellfno.toolchain: the environment check's line)
+    from wellfno.toolchain import torch_lines
+
+    lines += torch_lines(v["torch"], None, None, 1, "")[1:2]
     return lines
 
 

@@ -102,3 +102,31 @@ def test_a_torch_below_the_range_is_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit) as stopped:
         cli.run_main(lambda: ran.append(True))
     assert stopped.value.code == 0 and ran
+
+
+def test_the_environment_check_says_whether_the_course_supports_this_torch():
+    """python -m wellfno.toolchain: the torch, its build, its GPUs, and one verdict line."""
+    from wellfno.toolchain import OLDEST_TESTED, PINNED_TORCH, torch_lines
+
+    old = torch_lines("2.4.1+rocm6.1", None, "6.1", 8, "/site/torch")
+    assert old[0] == "torch 2.4.1+rocm6.1 (ROCm/HIP 6.1) from /site/torch; GPUs torch sees: 8"
+    assert old[1].startswith("NOT SUPPORTED: older than 2.5") and "TORCH_SPEC=" in old[1]
+    assert len(old) == 2  # GPUs seen: no line about them
+    for version in (OLDEST_TESTED, "2.7.0+cu126", PINNED_TORCH):
+        lines = torch_lines(version, "12.6", None, 4, "/x")
+        assert lines[1].startswith("supported: every step runs from 2.5 on"), lines
+    newer = torch_lines("2.15.0", None, None, 0, "/x")
+    assert newer[1].startswith("supported (from 2.5 on); newer than the course's tests"), newer
+    assert newer[2].startswith("no GPU visible here"), newer
+
+
+def test_the_day_0_report_says_whether_the_course_supports_the_nodes_torch():
+    from coursetools.gpucheck import version_lines
+
+    task = {"versions": dict(python="3.11", torch="2.4.0", cuda="12.1", hip=None, driver="550",
+                             cudnn_or_miopen="9", nccl_or_rccl="2.20")}
+    lines = version_lines([task])
+    assert lines[0].startswith("versions: python 3.11, torch 2.4.0")
+    assert lines[1].startswith("NOT SUPPORTED: older than 2.5"), lines
+    task["versions"]["torch"] = "2.6.0"
+    assert version_lines([task])[1].startswith("supported"), version_lines([task])

@@ -21,8 +21,8 @@ shape (..., 2), its real view (torch.view_as_real), and the spectral convolution
 complex with torch.view_as_complex (a view: no copy, the same numbers, gradients flow through it).
 DDP, optimizers and GradScaler then see only real tensors, which every backend of every torch
 handles. Adam on the real view is the same arithmetic as Adam on the complex parameter (torch's
-Adam views complex parameters as real itself). The same idea as The Well's `ComplexLinearDDP` and
-neuraloperator's issue #88. `complex_as_real_allreduce_hook` is the other way (a communication hook
+Adam views complex parameters as real itself). The same idea as The Well's `ComplexLinearDDP`
+(the_well/benchmark/models/refno). `complex_as_real_allreduce_hook` is the other way (a hook
 that averages complex buckets through real views); it leaves DDP's start-up broadcast of complex
 tensors, which old gloo cannot do, so the course does not use it.
 
