@@ -25,7 +25,7 @@ _BF16_NAMES = ("avx512_bf16", "amx_bf16", "bf16", "svebf16", "sve_bf16")  # well
 
 
 def _patch(torch):
-    real = torch.cpu.get_capabilities
+    real = getattr(torch.cpu, "get_capabilities", dict)  # none in torch 2.5: added here
 
     def get_capabilities():
         return {**real(), **{name: name in _FLAGS for name in _BF16_NAMES}}
