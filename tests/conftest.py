@@ -164,6 +164,7 @@ def import_script(path: Path):
 
     spec = importlib.util.spec_from_file_location(f"script_under_test_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does: a script's dataclasses look it up there
     spec.loader.exec_module(module)
     return module
 

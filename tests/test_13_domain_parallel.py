@@ -5,8 +5,11 @@
 The ranks run on the CPU with gloo, started as torchrun starts them (tests/test_05_ddp.py's
 `launch`). The reference is the same script on one rank. Data: the tiny embedded dataset
 (16 x 16 cells; 3 domain ranks hold 6, 5 and 5 rows) with --n-steps-input 10: 8 training and 4
-validation samples. wellfno.domain's own equivalence (forward and gradients, 2-D and 3-D) is
-in tests/test_domain.py, the slab reads in tests/test_slabs.py.
+validation samples. The participant's own spectral convolution (task 2: a DomainSpectralConv
+in the script) is compared with neuralop's SpectralConv by wellfno.domain_check, on one rank here
+and on 3 gloo ranks (tests/test_domain_check.py: it catches a convolution without the odd-grid
+shift). wellfno.domain's own equivalence (forward and gradients, 2-D and 3-D) is in
+tests/test_domain.py, the slab reads in tests/test_slabs.py.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from tests.test_05_ddp import (
     max_relative_difference,
     parameters,
 )
+from tests.domain_conv_checks import check_on_one_rank, check_on_ranks, convolution_under_test
 
 STEP = "13_domain_parallel"  # the cross-step matrix (tests/conftest.py) supplies `script`
 ONE_STEP = ("--epochs", "1", "--max-steps", "1", *SMALL)
@@ -68,6 +72,25 @@ def require_close(what: str, worst: float, fix: str, allowed: float = 1e-5) -> N
     """`what` is `worst` (relative) from one rank's: one sentence with the allowed figure."""
     require(worst <= allowed, f"{what} is {worst:.1e} (relative) from one rank's (allowed: "
             f"{allowed:.0e}): {fix}")
+
+
+# ------------------------------------------------------------------ task 2: your convolution
+def test_your_spectral_convolution_equals_spectral_conv_on_one_rank(request, script, script_module):
+    """The participant writes DomainSpectralConv(conv, slab) (not wellfno.domain's) with the
+    `transform` FNOBlocks calls; on one rank (2-D and 3-D, odd axes) its output, the input's and
+    the parameters' gradients are SpectralConv's (wellfno.domain_check)."""
+    check_on_one_rank(convolution_under_test(request, script, script_module))
+
+
+@pytest.mark.slow
+def test_your_spectral_convolution_equals_spectral_conv_on_2_and_3_ranks(
+    request, script, script_module, tmp_path
+):
+    """wellfno.domain_check on 3 gloo ranks: every case of 1, 2 and 3 ranks, 2-D and 3-D, odd
+    axes; the forward slabs and every gradient are SpectralConv's on the whole grid (1e-5)."""
+    convolution_under_test(request, script, script_module)  # the contract, before any rank starts
+    chosen = request.config.getoption("--script")
+    check_on_ranks(("--script", script) if chosen else ("--reference",), tmp_path / "report.json")
 
 
 @pytest.mark.slow
