@@ -72,8 +72,9 @@ test: venv
 	else echo "(the oldest supported torch's leg skipped: make venv-oldest makes $(OLDEST_VENV))"; fi
 
 # The oldest supported torch (a venv of its own, the PyPI wheel; it runs on a CPU; pip's cache
-# keeps the wheel for the next time): DDP of every DDP step exact over an NCCL-like process group
-# (tests/test_nccl_seam.py) and a short run of every solution (tests/test_oldest_torch.py).
+# keeps the wheel for the next time): make test-fast's tests, then DDP of every DDP step exact
+# over an NCCL-like process group (tests/test_nccl_seam.py) and a short run of every solution
+# (tests/test_oldest_torch.py).
 # A plain venv first, so that a torch on the system's Python (a site's module) is not reused here.
 venv-oldest:
 	@[ -x $(OLDEST_VENV)/bin/python ] || $(PYTHON) -m venv $(OLDEST_VENV)
@@ -81,6 +82,7 @@ venv-oldest:
 
 OLDEST_TESTS ?= tests/test_nccl_seam.py tests/test_oldest_torch.py
 test-oldest: venv-oldest
+	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm" tests
 	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider $(OLDEST_TESTS)
 
 # Every earlier step's checks on every later solution (make test: each on its own solution).
