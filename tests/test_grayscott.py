@@ -171,12 +171,37 @@ def test_the_same_dataset_again_is_nothing_to_do(tiny_data_copy):
     assert {p: p.stat().st_mtime_ns for p in dataset_dir.rglob("*")} == before
 
 
-def test_a_dataset_without_a_record_is_refused(tiny_data_copy):
-    """A dataset an older generator left (no generator.json), mixed or not, is not written into."""
+def test_a_dataset_without_a_record_is_kept_if_it_is_the_one_asked_for(tiny_data_copy):
+    """A dataset an older generator left (no generator.json) that is, file by file, the size
+    asked for: `make data` again keeps it, as before (nothing to do); another size is refused."""
     from tests.conftest import exit_of
 
     dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
     (dataset_dir / grayscott.RECORD).unlink()
+    before = dataset_files(dataset_dir)
+    result = exit_of(grayscott, "--data-dir", tiny_data_copy, "--size", "tiny")
+    assert result.returncode == 0 and "nothing to do" in result.stdout, result
+    assert dataset_files(dataset_dir) == before
+    result = exit_of(grayscott, "--data-dir", tiny_data_copy, "--size", "demo")
+    assert result.returncode == 2 and "without a record" in result.stderr, result
+    assert dataset_files(dataset_dir) == before
+
+
+def test_a_mixed_dataset_without_a_record_is_refused(tiny_data_copy):
+    """A dataset an older generator left (no generator.json) with one file of another grid (what
+    exercise 08's old tiny-data hint did to `make data`'s dataset) is not written into."""
+    from tests.conftest import exit_of
+
+    dataset_dir = tiny_data_copy / "datasets" / grayscott.EMBEDDED
+    (dataset_dir / grayscott.RECORD).unlink()
+    victim = sorted((dataset_dir / "data" / "train").glob("*.hdf5"))[0]
+    import h5py
+
+    with h5py.File(victim, "r+") as f:  # one regime's file at another grid, as the hint left it
+        for name in list(f["t0_fields"]):
+            data = f["t0_fields"][name][..., :8, :8]
+            del f["t0_fields"][name]
+            f["t0_fields"][name] = data
     before = dataset_files(dataset_dir)
     result = exit_of(grayscott, "--data-dir", tiny_data_copy, "--size", "tiny")
     assert result.returncode == 2 and "without a record" in result.stderr, result

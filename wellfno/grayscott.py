@@ -173,13 +173,37 @@ def read_record(dataset_dir: Path) -> dict | None:
         return None
 
 
+def legacy_matches(dataset_dir: Path, wanted: dict) -> bool:
+    """A dataset an earlier version wrote, with no record: is it, file by file, the one `wanted`
+    describes (one file per regime and split, each with the split's trajectories, all frames at
+    the wanted grid)? Then `make data` again keeps it, as it did; a mixed or other one is not."""
+    import h5py
+
+    from wellfno.wellformat import split_files
+
+    for split in SPLITS:
+        files = split_files(dataset_dir, split)
+        if len(files) != len(wanted["regimes"]):
+            return False
+        for path in files:
+            try:
+                with h5py.File(path, "r") as f:
+                    shapes = {tuple(a.shape) for a in f["t0_fields"].values()}
+            except (OSError, KeyError):
+                return False
+            grid = (wanted["resolution"],) * 2
+            if shapes != {(wanted["n_traj"][split], wanted["n_steps"], *grid)}:
+                return False
+    return True
+
+
 def existing_dataset(dataset_dir: Path, wanted: dict, force: bool) -> bool:
     """True when `dataset_dir` already holds the dataset `wanted` describes; a UserError when it
     holds another one and `force` is not given; False when there is none (or force)."""
     if not dataset_dir.exists() or (dataset_dir.is_dir() and not any(dataset_dir.iterdir())):
         return False
     record = read_record(dataset_dir) if dataset_dir.is_dir() else None
-    if record == wanted and not force:
+    if not force and (record == wanted or (record is None and legacy_matches(dataset_dir, wanted))):
         return True
     if not dataset_dir.is_dir():
         raise UserError(f"{dataset_dir} is a file, not a dataset folder: move it away, or pass "
