@@ -462,7 +462,8 @@ def test_a_checkpoint_of_another_model_size_is_one_line(script, tiny_data_dir, o
 def test_domain_benchmark_writes_numbers_that_hang_together(tmp_path):
     """benchmark.py, weak and strong on 1 and 2 CPU ranks of a tiny model: a results file whose rows
     say what ran; the exchange has a share only with 2 ranks' all_to_all (1 rank: only the
-    gradients' all_reduce on a world of one)."""
+    gradients' all_reduce on a world of one). It says it measures the reference, prints each
+    mode's efficiency and speed-up, and no kineto 'USDT: ... profiler_start' lines (issue 35)."""
     out = tmp_path / "bench"
     result = subprocess.run(
         [
@@ -494,6 +495,9 @@ def test_domain_benchmark_writes_numbers_that_hang_together(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    assert "USDT" not in output, output[-2000:]
+    assert result.stdout.startswith("Measuring the reference: wellfno.domain's DomainSpectralConv")
     written = json.loads((out / "domain_scaling.json").read_text())
     assert written["command"].startswith(
         "python solutions/13_domain_parallel/benchmark.py --ranks 1 2"
@@ -507,3 +511,22 @@ def test_domain_benchmark_writes_numbers_that_hang_together(tmp_path):
             r["traced_steps"] and r["step_ms"] > 0 and r["peak_bytes_per_rank"] > 0 for r in rows
         )
         assert 0 <= rows[0]["exchange_share"] < rows[1]["exchange_share"] < 1
+        # 2 ranks: the speed-up is twice the efficiency (strong: t1/t2 = 2 x t1/(2 t2); weak: the
+        # scaled speed-up 2 t1/t2); both rows printed as the table's
+        assert rows[0]["speed_up"] == 1.0 and rows[1]["speed_up"] == pytest.approx(
+            2 * rows[1]["efficiency"])
+        assert (f"{2:>7}{rows[1]['grid']:>12}{rows[1]['step_ms']:>10.1f}"
+                f"{rows[1]['efficiency']:>12.2f}{rows[1]['speed_up']:>10.2f}") in result.stdout
+
+
+def test_domain_benchmark_refuses_a_script_without_its_own_convolution(tmp_path):
+    """--script names a script without its own DomainSpectralConv: one line before any rank runs."""
+    script = tmp_path / "fno.py"
+    script.write_text("from wellfno.domain import DomainSpectralConv\n")
+    result = subprocess.run(
+        [PYTHON, str(REPO / "solutions/13_domain_parallel/benchmark.py"), "--script", str(script),
+         "--out", str(tmp_path / "bench")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2 and "write your own" in result.stderr, result
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "bench").exists()

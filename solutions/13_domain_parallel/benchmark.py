@@ -4,11 +4,18 @@
     python solutions/13_domain_parallel/benchmark.py --ranks 1 2 4 8 --device cuda --rows 256 \
         --cols 256                                                        # one GPU node
     python solutions/13_domain_parallel/benchmark.py --checkpointing     # step 12: with and without
+    python solutions/13_domain_parallel/benchmark.py --ranks 1 2 --script fno.py  # your convolution
 
 One domain group of P ranks trains the course's FNO (wellfno.model.NextFrameFNO split by
 wellfno.domain) on one synthetic batch, as solution 13 does, without data loading:
 - weak scaling: P ranks, P times the rows (--rows per rank), so each rank's slab stays the same;
 - strong scaling: one grid (--rows x the largest P) split over 1..P ranks.
+Which spectral convolution: with --script, your script's DomainSpectralConv(conv, slab) (exercise
+13, task 2: wellfno.domain_check's contract); without, the reference, wellfno.domain's (solution
+13's). One rank runs neuralop's SpectralConv (nothing split): the baseline of both. Each mode's
+rows end in a table: efficiency (weak: t_1 / t_P; strong: t_1 / (P t_P)) and speed-up (strong:
+t_1 / t_P; weak, the scaled speed-up: P t_1 / t_P, the work of P ranks against one's), both
+against the smallest P measured. A machine busier than its CPUs is a warning line.
 Each run is profiled (torch.profiler, the first steps left out); the step time is the median over
 the traced steps of the slowest rank's ProfilerStep, the exchange's share the time in collectives
 (all_to_all, the loss's all_reduce) over the step time (profiling.comms, from the traces), the
@@ -30,9 +37,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchtools.machine import busy_warning, load_average
 from benchtools.resultfiles import write_result
 from benchtools.rounds import best_of_rounds
 from profiling import comms, summarize, traces
+from wellfno import domain_check
 from wellfno.cli import UserError, run_main
 
 
@@ -69,6 +78,10 @@ def parse_args(argv=None):
         help="one rank, blocks checkpointed or not (step 12)",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--script",
+        help="your exercise-13 script: measure its DomainSpectralConv (default: wellfno.domain's)",
+    )
     p.add_argument("--out", default="runs/domain_scaling")
     p.add_argument(
         "--results", help="also write the JSON here (e.g. results/13_domain_scaling.json)"
@@ -123,7 +136,11 @@ def _worker(rank, world, port, grid, args, run_dir):
             layers=args.layers,
         )
         domain.check_layout(model, world)
-        domain.split_model(model, slab)
+        convs = list(model.fno.fno_blocks.convs)
+        domain.split_model(model, slab)  # the slab's positional embedding, wellfno.domain's convs
+        if args.script and world > 1:  # yours instead, on the same parameters
+            yours = domain_check.convolution_of(domain_check.load_script(args.script), args.script)
+            model.fno.fno_blocks.convs = torch.nn.ModuleList(yours(conv, slab) for conv in convs)
         if run_dir.name.startswith("checkpointed"):
             checkpoint_blocks(model.fno)
         model = model.to(device)
@@ -215,6 +232,11 @@ def run(args, name: str, world: int, grid: tuple, out: Path) -> dict:
     os.environ.setdefault(
         "MALLOC_MMAP_THRESHOLD_", "65536"
     )  # the spawned ranks: freed tensors go back
+    if args.device == "cpu":
+        # Kineto (torch.profiler) prints 'USDT: ... profiler_start/stop' at every trace, at its
+        # highest log level (5, above ERROR's 4), so only a level of 6 hides them: on a GPU, where
+        # kineto's errors (CUPTI's) say why a trace lacks kernels, they stay.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     mp.start_processes(
         _worker, args=(world, port, grid, args, run_dir), nprocs=world, start_method="spawn"
     )
@@ -232,8 +254,28 @@ def _step_ms(row: dict) -> float:
     return row["step_ms"]
 
 
+def scaling_table(mode: str, rows: list[dict]) -> str:
+    """Efficiency and speed-up of each row against the first (the smallest P)."""
+    lines = [f"{mode} scaling, against {rows[0]['ranks']} rank(s):",
+             f"{'ranks':>7}{'grid':>12}{'ms/step':>10}{'efficiency':>12}{'speed-up':>10}"]
+    for row in rows:
+        lines.append(f"{row['ranks']:>7}{row['grid']:>12}{row['step_ms']:>10.1f}"
+                     f"{row['efficiency']:>12.2f}{row['speed_up']:>10.2f}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.script:  # one line now, not in every spawned rank
+        domain_check.convolution_of(domain_check.load_script(args.script), args.script)
+        print(f"Measuring your DomainSpectralConv from {args.script} (1 rank: neuralop's "
+              f"SpectralConv, the baseline)")
+    elif not args.checkpointing:
+        print("Measuring the reference: wellfno.domain's DomainSpectralConv (solution 13's); "
+              "--script YOUR_SCRIPT measures yours")
+    busy = busy_warning(load_average(), "at the start")
+    if busy:
+        print(busy, flush=True)
     out = Path(args.out)
     rest = (args.cols,) + ((args.depth,) if args.depth else ())
     result = dict(
@@ -264,13 +306,22 @@ def main(argv=None):
                     else rows[0]["step_ms"] * rows[0]["ranks"] / row["ranks"]
                 )
                 row["efficiency"] = ideal / row["step_ms"]
+                row["speed_up"] = (
+                    row["efficiency"] * row["ranks"] / rows[0]["ranks"]
+                    if mode == "weak"
+                    else rows[0]["step_ms"] / row["step_ms"]
+                )
             result["modes"][mode] = rows
+            print(scaling_table(mode, rows))
     command = "python solutions/13_domain_parallel/benchmark.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     for path in [out / "domain_scaling.json"] + ([Path(args.results)] if args.results else []):
         write_result(path, command.strip(), result)
         print(f"Wrote {path}")
+    busy = busy_warning(load_average(), "at the end")
+    if busy:
+        print(busy)
 
 
 if __name__ == "__main__":
