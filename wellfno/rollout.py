@@ -7,6 +7,7 @@ that no off-by-one shifts the two apart).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -16,6 +17,8 @@ from wellfno.data import model_inputs
 
 def vrmse(pred: torch.Tensor, true: torch.Tensor, n_spatial_dims: int = 2, eps: float = 1e-7) -> torch.Tensor:
     """The Well's VRMSE per field: sqrt(mean((pred-true)^2) / (var(true) + eps)) over space.
+
+    var divides by N (the_well's by N - 1: `well_vrmse`, what wellfno.evaluate reports).
 
     pred, true: (..., *spatial, F) -> (..., F). 0 is perfect; 1 is as bad as predicting the mean.
     """
@@ -124,3 +127,121 @@ def print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, ou
     plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"],
                          std=stats["std"],
                          model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
+
+
+# ---- Evaluation as The Well reports it (issue 36): its VRMSE, time windows, whole trajectories.
+
+def well_vrmse(pred: torch.Tensor, true: torch.Tensor, n_spatial_dims: int = 2,
+               eps: float = 1e-7) -> torch.Tensor:
+    """The Well's VRMSE exactly, per channel: (..., *spatial, F) -> (..., F).
+
+    the_well/benchmark/metrics/spatial.py: `VRMSE.eval` is `NRMSE.eval(norm_mode="std")`, which is
+    sqrt(`NMSE.eval`) = sqrt(mean over space of (pred - true)^2 / (torch.std(true over space)^2
+    + eps)), eps = 1e-7 added to the variance. torch.std is the sample standard deviation (divides
+    by N - 1), where `vrmse` above divides by N: `vrmse` is this times sqrt((N - 1) / N) up to eps
+    (1 - 5e-4 on 32 x 32 points). Computed on z-scored frames it is the VRMSE of the physical
+    fields the_well scores (its trainer denormalizes first): each channel's shift cancels and its
+    scale divides the error and the spread alike, except against eps.
+    """
+    space = tuple(range(-1 - n_spatial_dims, -1))
+    mse = ((pred - true) ** 2).mean(dim=space)
+    return torch.sqrt(mse / (torch.std(true, dim=space) ** 2 + eps))
+
+
+@torch.no_grad()
+def trajectory_errors(model, dataset, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The Well's VRMSE of every trajectory of `dataset` (`data.rollout_dataset`: whole
+    trajectories), rolled out as far as it goes, for the model and for persistence: two lists of
+    (steps, F) float64 tensors on the CPU, one per trajectory, in the dataset's order."""
+    model.eval()
+    model_errors, persistence_errors = [], []
+    for i in range(len(dataset)):
+        inputs, true, pred = _rollout_trajectory(model, dataset, i, device, None)
+        n_spatial_dims = inputs.ndim - 3  # (1, T, *spatial, F)
+        true = true.double()  # the metric's sums in float64: 1024+ points per frame, 39+ steps
+        model_errors.append(well_vrmse(pred.double(), true, n_spatial_dims)[0].cpu())
+        persistence_errors.append(
+            well_vrmse(persistence(inputs, true.shape[1]).double(), true, n_spatial_dims)[0].cpu())
+    return model_errors, persistence_errors
+
+
+def step_curve(errors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-trajectory errors (steps_i, F) -> (mean per rollout step and field (steps, F),
+    trajectories per step (steps,)): each step's mean over the trajectories that reach it.
+    the_well's rollouts all have one length (the shortest file's, WellDataset's
+    full_trajectory_mode), so there every step counts every trajectory and this is its mean over
+    the batch (`Trainer.validation_loop`)."""
+    n_steps = max(len(e) for e in errors)
+    sums = torch.zeros(n_steps, errors[0].shape[-1], dtype=torch.float64)
+    counts = torch.zeros(n_steps, dtype=torch.int64)
+    for e in errors:
+        sums[:len(e)] += e
+        counts[:len(e)] += 1
+    return sums / counts[:, None], counts
+
+
+def the_well_windows(n_steps: int, num_time_intervals: int = 5) -> list[tuple[str, int, int]]:
+    """the_well trainer's time windows for a rollout of n_steps: (its log key, first, last step),
+    steps counted from 1, both included.
+
+    the_well/benchmark/trainer/training.py, `Trainer.split_up_losses`: boundaries
+    [0] + [int(exp(x)) for x in linspace(0, log(n_steps), min(n_steps, num_time_intervals))], window
+    k = losses[b_k:b_k+1] (from 0, end excluded), logged as "T=b_k:b_k+1"; num_time_intervals is 5
+    in its defaults (the_well/benchmark/configs/trainer/defaults.yaml). Kept as it computes them:
+    int() of exp(log(n)) may give n - 1, so its last window can end one step early (39 steps:
+    15:38; its "T=all" still counts every step). An empty window (11 steps: 1:1), whose mean
+    the_well logs as nan, is left out here.
+    """
+    n = min(n_steps, num_time_intervals)
+    bounds = [0] + [int(np.exp(x)) for x in np.linspace(0, np.log(n_steps), n)]
+    return [(f"T={a}:{b}", a + 1, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+# The windows of the Well paper's tables (steps 1, 2, 3-5, 6-12, 13-30, from 1, both included; the
+# paper's "6:12" and "13:30"): the_well's rule above at a rollout of 30 steps (tests/test_rollout.py
+# checks that they are).
+PAPER_WINDOWS = (("1", 1, 1), ("2", 2, 2), ("3:5", 3, 5), ("6:12", 6, 12), ("13:30", 13, 30))
+
+
+def window_vrmse(curve: torch.Tensor, windows, fields: list[str]) -> tuple[list[dict], list[str]]:
+    """Mean of a (steps, F) curve over each window (label, first, last): (rows, labels left out).
+
+    A window that starts after the rollout's last step is left out; one that ends after it is
+    averaged over the steps there are and reported as such: its row's `last` is the last step
+    averaged and `complete` is false. A row's `vrmse` is the mean over its steps and the fields
+    (the_well's "full": the fields' mean at each step, then the steps' mean).
+    """
+    rows, left_out = [], []
+    for label, first, last in windows:
+        if first > len(curve):
+            left_out.append(label)
+            continue
+        covered = min(last, len(curve))
+        part = curve[first - 1:covered]
+        rows.append(dict(window=label, first=first, last=covered, complete=covered == last,
+                         vrmse=part.mean().item(),
+                         per_field=dict(zip(fields, part.mean(0).tolist()))))
+    return rows, left_out
+
+
+def well_report(model_errors: list[torch.Tensor], persistence_errors: list[torch.Tensor],
+                fields: list[str]) -> dict:
+    """The model's and persistence's VRMSE as The Well reports it, from per-trajectory errors
+    (`trajectory_errors`): per rollout step and field, over the paper's and the trainer's time
+    windows, and over the whole trajectory (the mean over every step and field: the_well's
+    T=all)."""
+    counts = step_curve(model_errors)[1]
+    report = dict(steps=len(counts), trajectories=len(model_errors),
+                  trajectories_per_step=counts.tolist(), fields=fields)
+    for name, errors in (("model", model_errors), ("persistence", persistence_errors)):
+        curve = step_curve(errors)[0]
+        paper, paper_left_out = window_vrmse(curve, PAPER_WINDOWS, fields)
+        trainer, _ = window_vrmse(curve, the_well_windows(len(curve)), fields)
+        report[name] = dict(
+            whole_trajectory=curve.mean().item(),
+            whole_trajectory_per_field=dict(zip(fields, curve.mean(0).tolist())),
+            per_step=curve.mean(1).tolist(),
+            per_step_per_field={field: curve[:, j].tolist() for j, field in enumerate(fields)},
+            paper_windows=paper, trainer_windows=trainer)
+    report["paper_windows_left_out"] = paper_left_out  # start after the rollout's last step
+    return report
