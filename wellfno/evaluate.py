@@ -31,7 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--run", required=True,
                    help="a finished training run's --out folder (checkpoint.pt, metrics.json)")
     p.add_argument("--data-dir", default=None,
-                   help="the folder that holds datasets/ (default: the run's own --data-dir)")
+                   help="the folder that holds datasets/ (default: the run's own --data-dir, "
+                   "as metrics.json has it: a relative one from the folder it was run in)")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     return p.parse_args(argv)
 
