@@ -46,7 +46,9 @@ loss.backward()
 optimizer.step()
 peak = status("VmHWM")
 n_parameters = sum(p.numel() for p in model.parameters())
-print(json.dumps(dict(measured=peak - before, stale=stale,
+# the parameters were resident before `before`: the step's peak holds them too
+resident = sum(p.numel() * p.element_size() for p in model.parameters())
+print(json.dumps(dict(measured=peak - before + resident, stale=stale,
                       estimate=step_bytes(n_parameters, batch, res, channels + constant, channels, width, layers,
                                                 checkpointed))))
 """
