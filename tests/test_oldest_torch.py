@@ -1,8 +1,9 @@
 """Every step of the course runs on the torch the tests run with: a short run of every solution.
 
 Written for the oldest supported torch's leg (`make test-oldest`: torch 2.5.1 in .venv-oldest,
-the PyPI wheel, on a CPU; CI runs it after `make test`'s main leg), and cheap enough to run in the
-main leg too. Each step's own checks run on the pinned torch; here every solution (and the
+the PyPI wheel, on a CPU; CI runs it after `make test`'s main leg), and for any torch but the
+pinned one (a site's, in `make test`); on the pinned torch each step's own checks run all of it
+already, so the runs skip there. Here every solution (and the
 variants whose code paths differ most between torch versions: fp16 with GradScaler, bf16,
 torch.compile, the profiler, 2 ranks with the watchdog, the distributed statistics) trains a few
 steps and writes what it should, or refuses in one line. INSTRUCTORS.md's table of the oldest
@@ -23,6 +24,14 @@ import torch
 from tests.conftest import REPO, STEPS, exit_of, import_script
 from tests.ddp_helpers import SMALL_MODEL, assert_ok, launch
 
+from wellfno.toolchain import PINNED_TORCH
+
+# On the pinned torch every run below is one of its step's own checks already (make test's time).
+not_on_the_pinned_torch = pytest.mark.skipif(
+    torch.__version__.split("+")[0] == PINNED_TORCH,
+    reason=f"torch {PINNED_TORCH}: each step's own tests run these (make test-oldest runs them on "
+    "the oldest)")
+
 FEW_STEPS = ("--epochs", "1", "--max-steps", "2", "--batch-size", "2", "--n-steps-input", "10",
              *SMALL_MODEL)
 BINDS = {step for step in STEPS if step >= "03"}  # --bind from solution 03 on
@@ -40,8 +49,9 @@ def options(step: str, extra: tuple) -> tuple:
 
 
 @pytest.mark.slow
+@not_on_the_pinned_torch
 @pytest.mark.parametrize("step, extra", VARIANTS,
-                         ids=[f"{s}{'-' + '-'.join(e).strip('-') if e else ''}" for s, e in VARIANTS])
+                         ids=[f"{s}{'-' + '-'.join(e) if e else ''}" for s, e in VARIANTS])
 def test_every_solution_runs_a_few_steps(step, extra, tiny_data_dir, tmp_path):
     """The solution trains 2 steps and writes metrics.json with a finite loss (a profiled run: its
     trace), or stops with one `error:` line that says why (and nothing else on stderr)."""
@@ -62,10 +72,12 @@ def test_every_solution_runs_a_few_steps(step, extra, tiny_data_dir, tmp_path):
 
 
 @pytest.mark.slow
+@not_on_the_pinned_torch
 @pytest.mark.parametrize("step", ["07_failures", "13_domain_parallel"])
 def test_two_ranks_train_with_the_default_binding_off(step, tiny_data_dir, tmp_path):
     """2 ranks as torchrun starts them: the watchdog's threads and store (07), the domain group's
-    collectives (13: 1 data x 2 domain ranks). (05, 06, 12 and 13's DDP: tests/test_nccl_seam.py.)"""
+    collectives (13: 1 data x 2 domain ranks). (DDP of 05, 06, 12 and 13: tests/test_nccl_seam.py.)
+    """
     extra = ("--domain-size", "2") if step == "13_domain_parallel" else ()
     results = launch(REPO / STEPS[step], 2, "--data-dir", tiny_data_dir, "--out", tmp_path,
                      *options(step, extra))
@@ -74,6 +86,7 @@ def test_two_ranks_train_with_the_default_binding_off(step, tiny_data_dir, tmp_p
 
 
 @pytest.mark.slow
+@not_on_the_pinned_torch
 def test_distributed_statistics_equal_the_serial_ones(tiny_data_dir, tmp_path):
     """Exercise 04's solution on 2 ranks writes the serial stats.py's stats.yaml, bit for bit."""
     dataset = tiny_data_dir / "datasets" / "gray_scott_embedded"
