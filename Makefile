@@ -14,7 +14,7 @@ OLDEST_VENV ?= .venv-oldest
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test test-matrix test-fast test-oldest venv venv-oldest data clean help results
+.PHONY: demo test test-matrix test-fast test-oldest venv venv-oldest device-wheels data clean help results
 
 help:
 	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
@@ -102,6 +102,12 @@ ONLY ?=
 results: venv data
 	$(PY) -m coursetools.measure --data-dir $(DATA_DIR) --runs $(RESULTS_RUNS) $(ONLY); status=$$?; \
 	$(PY) -m coursetools.results render && exit $$status
+
+# The course's pure-Python packages a bare GPU machine's image lacks (its own torch, numpy, h5py,
+# matplotlib, pytest are used), as wheels for tests/device/day0.sh there (no network needed).
+device-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d .device-wheels \
+	  the_well==1.2.0 neuraloperator==2.0.0 tensorly==0.10.0 tensorly-torch==0.5.0
 
 clean:
 	rm -rf runs .pytest_cache
