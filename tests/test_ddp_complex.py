@@ -4,20 +4,17 @@ Over gloo on the pinned torch both average right; what goes wrong over NCCL/RCCL
 torch (pytorch/pytorch#158753: the imaginary parts lost) is reproduced on the CPU by
 tests/test_nccl_seam.py (a process group that hands back the real view, as ProcessGroupNCCL does)
 on the oldest supported torch. These tests check the check itself: both variants equal one rank
-with the whole batch here, its report says so, and the comparison would see a lost imaginary part;
-and the real-view hook, the alternative the course does not use, reduces a bucket in place.
+with the whole batch here, its report says so, and the comparison would see a lost imaginary part.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tests.conftest import REPO, run_script
 from tests.test_05_ddp import assert_ok, launch
@@ -97,39 +94,6 @@ def test_real_weights_equal_plain_ddp_and_the_report_says_so(gloo_check):
     assert result["complex_parameters"] >= 1
     assert result["line"].startswith("complex gradients under DDP: the course's real weights")
     assert "plain DDP of complex weights would be right here too" in result["line"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Bucket:  # what DDP hands a hook: buffer() is the flat gradients of the bucket's parameters
-    def __init__(self, buffer):
-        self._buffer = buffer
-
-    def buffer(self):
-        return self._buffer
-
-
-def test_hook_reduces_the_bucket_in_place_and_returns_it_complex():
-    """The hook's future gives back the bucket itself (complex, same memory), never a real view:
-    a real result is what DDP's reducer would have to copy back into complex gradients."""
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-    )
-    try:
-        bucket = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
-        result = ddp.complex_as_real_allreduce_hook(None, _Bucket(bucket)).wait()
-        assert result is bucket and result.dtype == torch.complex64
-        assert torch.equal(
-            result, torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
-        )  # mean of 1 rank
-        real = torch.tensor([4.0, 2.0])
-        assert ddp.complex_as_real_allreduce_hook(None, _Bucket(real)).wait() is real
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_lost_imaginary_part_is_seen_and_the_line_says_which():

@@ -19,7 +19,6 @@ import torch.multiprocessing as mp
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.test_ddp_complex import _Bucket  # what DDP hands a hook
 from wellfno.domain import (
     DomainSpectralConv,
     ProcessGrid,
@@ -236,6 +235,14 @@ def test_domain_conv_makes_its_indices_once_per_device(grid, modes):
         with counter:
             split(h)
     assert counter.made == [], f"index tensors made in a forward after the first: {counter.made}"
+
+
+class _Bucket:  # what DDP hands a hook: buffer() is the flat gradients of the bucket's parameters
+    def __init__(self, buffer):
+        self._buffer = buffer
+
+    def buffer(self):
+        return self._buffer
 
 
 def test_domain_comm_hook_returns_the_bucket_it_reduced():

@@ -22,9 +22,10 @@ complex with torch.view_as_complex (a view: no copy, the same numbers, gradients
 DDP, optimizers and GradScaler then see only real tensors, which every backend of every torch
 handles. Adam on the real view is the same arithmetic as Adam on the complex parameter (torch's
 Adam views complex parameters as real itself). The same idea as The Well's `ComplexLinearDDP`
-(the_well/benchmark/models/refno). `complex_as_real_allreduce_hook` is the other way (a hook
-that averages complex buckets through real views); it leaves DDP's start-up broadcast of complex
-tensors, which old gloo cannot do, so the course does not use it.
+(the_well/benchmark/models/refno). The other way, a communication hook that averages complex
+buckets through their real views and hands DDP back the bucket (as wellfno.domain's
+domain_comm_hook does for step 13's sums), leaves DDP's start-up broadcast of complex tensors,
+which torch 2.5's gloo cannot do, so the course does not rely on it.
 
 The check runs one training step with plain DDP of the complex model and one with the course's real
 weights, against one rank with the whole batch: over NCCL on a node it says whether plain DDP
@@ -60,23 +61,6 @@ def as_complex_by_name(named: dict) -> dict:
         )
         for n, t in named.items()
     }
-
-
-def complex_as_real_allreduce_hook(process_group, bucket):
-    """DDP communication hook: the bucket's mean over the ranks, reduced through its real view.
-
-    torch.view_as_real shares the bucket's memory, so the in-place all-reduce of the view averages
-    the complex gradients themselves; the future returns the bucket (complex dtype, same storage),
-    never the collective's own result tensor (see the module docstring). Real buckets are reduced
-    as they are. Dividing first, as torch's default allreduce_hook does, works with every backend
-    (gloo has no ReduceOp.AVG).
-    """
-    group = process_group if process_group is not None else dist.group.WORLD
-    buffer = bucket.buffer()
-    real = torch.view_as_real(buffer) if buffer.is_complex() else buffer
-    real.div_(group.size())
-    work = dist.all_reduce(real, group=group, async_op=True)
-    return work.get_future().then(lambda _: buffer)
 
 
 # --------------------------------------------------------------------------- the check

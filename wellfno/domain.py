@@ -388,9 +388,9 @@ def domain_comm_hook(data_size: int):
 
     = summed over each domain group (the sample's gradient), averaged over the data groups (DDP's
     mean over samples). DDP's default divides by the world size: by the domain size too.
-    The bucket is reduced in place and handed back itself, as wellfno.ddp's
-    complex_as_real_allreduce_hook does: a complex bucket travels as its real view (no backend
-    has a complex type), and the collective's own result would be that real view.
+    The bucket is reduced in place and handed back itself: a complex bucket travels as its real
+    view (NCCL has no complex type), and the collective's own result would be that real view,
+    which DDP's reducer before pytorch/pytorch#166863 copied back wrong (wellfno/ddp.py).
     """
 
     def hook(state, bucket):
