@@ -80,7 +80,7 @@ venv-oldest:
 	@[ -x $(OLDEST_VENV)/bin/python ] || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(MAKE) --no-print-directory venv VENV=$(OLDEST_VENV) TORCH_SPEC=$(OLDEST_TORCH_SPEC)
 
-OLDEST_TESTS ?= tests/test_nccl_seam.py tests/test_oldest_torch.py
+OLDEST_TESTS ?= tests/test_nccl_seam.py tests/test_oldest_torch.py tests/test_ddp_complex.py
 test-oldest: venv-oldest
 	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm" tests
 	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider $(OLDEST_TESTS)

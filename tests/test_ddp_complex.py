@@ -82,17 +82,25 @@ def test_two_ranks_equal_one_rank_with_the_whole_batch(gloo_check, variant):
 
 @pytest.mark.slow
 def test_real_weights_equal_plain_ddp_and_the_report_says_so(gloo_check):
+    """Over gloo the course's real weights are right, and so is plain DDP of complex weights where
+    gloo has a complex type (torch 2.13); torch 2.5's gloo has none: plain DDP stops, and the
+    report says so."""
     import json
 
     plain, real = (torch.load(gloo_check / "rank0.pt", weights_only=True)[v] for v in ddp.VARIANTS)
-    assert_close_parts(real["grad"], plain["grad"], "real weights vs plain DDP")
     assert any(g.is_complex() for g in real["grad"].values()), "compared under neuralop's names"
     result = json.loads((gloo_check / ddp.RESULT).read_text())
     summary = result["summary"]
-    assert summary["plain"]["ok"] and summary["real_weights"]["ok"], summary
+    assert summary["real_weights"]["ok"], summary
     assert result["backend"] == "gloo" and result["world_size"] == 2
     assert result["complex_parameters"] >= 1
     assert result["line"].startswith("complex gradients under DDP: the course's real weights")
+    if "error" in plain and torch_version(torch.__version__) < (2, 6):
+        assert "Invalid scalar type" in plain["error"] and not summary["plain"]["ok"], plain
+        assert "would NOT be (stops: Invalid scalar type)" in result["line"], result["line"]
+        return
+    assert_close_parts(real["grad"], plain["grad"], "real weights vs plain DDP")
+    assert summary["plain"]["ok"], summary
     assert "plain DDP of complex weights would be right here too" in result["line"]
 
 
