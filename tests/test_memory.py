@@ -80,15 +80,12 @@ def test_estimate_within_a_factor_of_measured_peak(config):
     assert got["stale"] < 0.05 * got["measured"], "the process peaked before the step: the measurement is void"
     assert got["measured"] > 50e6  # large enough that allocator noise does not decide the ratio
     # Within 1.5x either way: the allocator rounds and caches blocks and FFT workspaces come and go;
-    # a factor of 1.5 still tells a laptop's 16 GB from a step that needs 40.
-    # Checkpointed, the estimate adds the lifting/projection activations to one block's recompute,
-    # which the backward does after the projection's saved tensors are freed: it is high by 1.48x
-    # (complex weights, before the weights were real), 1.50-1.52x since (their bytes now counted
-    # right), on torch 2.13 and 2.5.1 alike. Never below the peak (what a "does it fit" refusal
-    # needs), at most 1.6x above, until the checkpointed model is redone with exercises 12 and 13's
-    # numbers (the 67 GB of MHD_256 checkpointed is this estimate).
-    low, high = (1.0, 1.6) if config.endswith("checkpointed") else (1 / 1.5, 1.5)
-    assert low < got["estimate"] / got["measured"] < high, got
+    # a factor of 1.5 still tells a laptop's 16 GB from a step that needs 40. The checkpointed peak
+    # RSS depends on the machine even so: 75 MB here, 113 MB on the CI machine for the 3-D config
+    # (estimate 94 MB: 1.25x and 0.83x). The peak of live tensors (torch.profiler's memory events)
+    # does not: the estimate is 1.56-1.81x above it for all six configs alike, which says the
+    # checkpointed model is the plain one's, not a different fit.
+    assert 1 / 1.5 < got["estimate"] / got["measured"] < 1.5, got
 
 
 def model_for(resolution, channels=7, **options):
@@ -136,20 +133,23 @@ def test_rollout_steps_fit_the_memory():
 
 
 def test_checkpointing_and_domain_ranks_by_hand():
-    """Checkpointed: W L + 6 W instead of 6 W L; P domain ranks: the largest slab's ceil(n0 / P) rows."""
+    """Checkpointed: W L + max(20, 6) W instead of 6 W L + 20 W (one block is rebuilt after the
+    projection's tensors are freed); P domain ranks: the largest slab's ceil(n0 / P) rows."""
     assert step_bytes(1000, 2, (4, 5), 3, 2, 8, 3, checkpointed=True) == \
-        4 * (4 * 1000 + 2 * 20 * (8 * 3 + 6 * 8 + 20 * 8 + 6 + 8))
+        4 * (4 * 1000 + 2 * 20 * (8 * 3 + 20 * 8 + 6 + 8))
     assert step_bytes(1000, 2, (5, 4), 3, 2, 8, 1, domain_size=2) == 4 * (4 * 1000 + 2 * 3 * 4 * (6 * 8 + 20 * 8 + 6 + 8))
 
 
-@pytest.mark.parametrize("gib, checkpointed, ranks", [(64, False, 2), (80, False, 2), (80, True, 1), (16, False, 6)])
-def test_domain_ranks_mhd_256_needs(gib, checkpointed, ranks):
-    """MHD_256 at width 32, batch 1: about 97 GB, 67 GB checkpointed (the issue's numbers): 2 ranks of a
-    64 GiB GPU (an MI250X GCD) or of an 80 GiB one (A100/H100), 1 with checkpointing on 80 GiB; on 16 GiB,
-    6 (slabs of 43 of the 256 rows: 16.4 GB)."""
+@pytest.mark.parametrize("gib, checkpointed, width, ranks", [
+    (64, False, 32, 2), (80, False, 32, 2), (80, True, 32, 1), (64, True, 32, 1), (16, False, 32, 6),
+    (64, True, 48, 2), (64, False, 48, 3)])
+def test_domain_ranks_mhd_256_needs(gib, checkpointed, width, ranks):
+    """MHD_256 at width 32, batch 1: about 97 GB, 54 GB checkpointed (exercises 12 and 13): 2 ranks of a
+    64 GiB GPU (an MI250X GCD) or of an 80 GiB one (A100/H100), 1 with checkpointing; on 16 GiB, 6
+    (slabs of 43 of the 256 rows: 16.4 GB). Width 48 on the GCD: 80 GB checkpointed, 2 ranks; 3 plain."""
     from wellfno.memory import domain_ranks_needed
 
-    model = model_for((256, 256, 256))
+    model = model_for((256, 256, 256), width=width)
     assert domain_ranks_needed(model, gib * 2**30, 1, checkpointed) == ranks
 
 

@@ -13,8 +13,10 @@ A step of NextFrameFNO with Adam holds
 All float32: bytes = 4 * (4 P + B * cells * (6 * width * layers + 20 * width + 2 C_in + 4 C_out)).
 
 Activation checkpointing (wellfno.checkpointing, --checkpoint-blocks) keeps only each block's
-input (1 tensor of `width` channels per layer) and rebuilds one block's 6 in the backward:
-6 * width * layers becomes width * layers + 6 * width. Domain parallelism (wellfno.domain,
+input (1 tensor of `width` channels per layer) and rebuilds one block's 6 in the backward, after
+the projection's tensors are freed: the peak is then the larger of the two moments,
+6 * width * layers + 20 * width becomes width * layers + max(20, 6) * width = width * (layers + 20).
+Domain parallelism (wellfno.domain,
 --domain-size P) gives each rank a slab of ceil(n0 / P) of the n0 rows: the activations fall
 as 1/P, the 4 copies of the parameters do not (every rank holds the whole model). The
 exchange's buffers hold only the kept modes (small next to the activations): not counted.
@@ -41,10 +43,10 @@ def step_bytes(n_parameters: int, batch_size: int, resolution, in_channels: int,
                width: int, layers: int, checkpointed: bool = False, domain_size: int = 1) -> int:
     """Estimated peak bytes of one training step (forward, backward, Adam update) on one rank."""
     cells = math.ceil(resolution[0] / domain_size) * math.prod(resolution[1:])  # the largest slab
-    blocks = SAVED_PER_LAYER * width * layers
-    if checkpointed:  # block inputs kept, one block rebuilt at a time
-        blocks = width * layers + SAVED_PER_LAYER * width
-    per_sample = cells * (blocks + SAVED_LIFT_PROJECT * width + 2 * in_channels + 4 * out_channels)
+    saved = SAVED_PER_LAYER * width * layers + SAVED_LIFT_PROJECT * width
+    if checkpointed:  # block inputs kept; one block rebuilt at a time, once the projection's are freed
+        saved = width * layers + max(SAVED_LIFT_PROJECT, SAVED_PER_LAYER) * width
+    per_sample = cells * (saved + 2 * in_channels + 4 * out_channels)
     return 4 * (4 * n_parameters + batch_size * per_sample)
 
 
