@@ -71,6 +71,7 @@ STEPS = {
     "11_compile": "solutions/11_compile/fno.py",
     "12_checkpointing": "solutions/12_checkpointing/fno.py",
     "13_domain_parallel": "solutions/13_domain_parallel/fno.py",
+    "14_long_rollouts": "solutions/14_long_rollouts/fno.py",
 }
 
 

@@ -101,6 +101,13 @@ CHANGES = {
                   "row.update(", 'row["valid_loss"]', 'row["samples_left_out"]',
                   "valid_loss = (domain.validate(", "true, pred = example"],
     },
+    "14_long_rollouts": {
+        "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
+        "train": ["if note := unrolled.check_arguments(", 'splits["train"] = unrolled.training_split(',
+                  "rollout_loss = ", "log(memory.check_step_fits(", "targets = ", "counted = ",
+                  "row = train_one_epoch(", "whole = ", 'print(f"whole trajectory',
+                  'atomic_write_json(out / "eval.json"', 'atomic_write_json(out / "metrics.json"'],
+    },
 }
 # function -> (the module later steps import it from, the step whose solution taught it)
 MOVED = {
@@ -143,6 +150,8 @@ MOVED_BLOCKS = {
     "wellfno.rollout.evaluate_on_dataset": ("00_baseline", "main",
                                             "rollout_data = data.rollout_dataset(", 2,
                                             "12_checkpointing"),
+    "wellfno.options.check_run_arguments": ("10_mfu", "parse_args", "if args.nvtx and args.profile", 5,
+                                            "14_long_rollouts"),
 }
 # A moved function that a later step replaces by a package's variant: name -> (that step, what it
 # calls instead); the variant's own test below says how it differs from the taught code.
@@ -364,6 +373,7 @@ IDEAS = {
     "07_failures": "failures that end every rank", "08_host_syncs": "no host sync",
     "09_mixed_precision": "mixed precision", "10_mfu": "MFU", "11_compile": "torch.compile",
     "12_checkpointing": "activation checkpointing", "13_domain_parallel": "domain parallelism",
+    "14_long_rollouts": "its own rollouts",
 }
 
 

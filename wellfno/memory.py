@@ -20,6 +20,9 @@ Domain parallelism (wellfno.domain,
 --domain-size P) gives each rank a slab of ceil(n0 / P) of the n0 rows: the activations fall
 as 1/P, the 4 copies of the parameters do not (every rank holds the whole model). The
 exchange's buffers hold only the kept modes (small next to the activations): not counted.
+Training on a K-step rollout (wellfno.unrolled, --rollout-steps K) keeps K steps' activations
+for one backward: the per-sample term times K; --pushforward trains one step after a rollout
+without gradients: one step's.
 tests/test_memory.py checks it against the peak memory a CPU step really takes
 (within a factor of 1.5 either way: the allocator rounds and caches blocks, and
 FFT workspaces come and go), on 2-D and 3-D grids of several sizes.
@@ -40,14 +43,15 @@ SAVED_LIFT_PROJECT = 20  # width-channel tensors of lifting + projection (2x wid
 
 
 def step_bytes(n_parameters: int, batch_size: int, resolution, in_channels: int, out_channels: int,
-               width: int, layers: int, checkpointed: bool = False, domain_size: int = 1) -> int:
+               width: int, layers: int, checkpointed: bool = False, domain_size: int = 1,
+               unrolled_steps: int = 1) -> int:
     """Estimated peak bytes of one training step (forward, backward, Adam update) on one rank."""
     cells = math.ceil(resolution[0] / domain_size) * math.prod(resolution[1:])  # the largest slab
     saved = SAVED_PER_LAYER * width * layers + SAVED_LIFT_PROJECT * width
     if checkpointed:  # block inputs kept; one block rebuilt at a time, once the projection's are freed
         saved = width * layers + max(SAVED_LIFT_PROJECT, SAVED_PER_LAYER) * width
     per_sample = cells * (saved + 2 * in_channels + 4 * out_channels)
-    return 4 * (4 * n_parameters + batch_size * per_sample)
+    return 4 * (4 * n_parameters + batch_size * unrolled_steps * per_sample)
 
 
 def domain_ranks_needed(model, available: int, batch_size: int = 1,
@@ -87,32 +91,47 @@ def _gb(n: float) -> str:
 
 
 def check_step_fits(model, batch_size: int, device: torch.device, available: int | None = None,
-                    checkpointed: bool | None = None, domain_size: int | None = None) -> str:
+                    checkpointed: bool | None = None, domain_size: int | None = None,
+                    rollout_steps: int | None = None, pushforward: bool = False) -> str:
     """One line with the estimate; UserError (what to change) when it exceeds what the device has.
 
     `model` is a NextFrameFNO built for the dataset (`NextFrameFNO.for_dataset`: it knows the grid);
     `checkpointed`: activation checkpointing per block; `domain_size`: ranks sharing one sample.
-    The advice names --checkpoint-blocks and --domain-size only to a script that passes them.
+    `rollout_steps` (solution 14): K steps' activations kept, one with `pushforward`.
+    The advice names --checkpoint-blocks, --domain-size and --rollout-steps only to a script that
+    passes them.
     """
+    unrolled = 1 if pushforward or not rollout_steps else rollout_steps
     resolution = model.resolution
     n_parameters = sum(p.numel() for p in model.parameters())
 
     def need_for(batch):
         return step_bytes(n_parameters, batch, resolution, model.in_channels,
                           model.channels_per_frame, model.width, model.layers, bool(checkpointed),
-                          domain_size or 1)
+                          domain_size or 1, unrolled)
     need = need_for(batch_size)
     what = "memory"
     if available is None:
         available, what = available_bytes(device)
     grid = "x".join(map(str, resolution))
     options = (", blocks checkpointed" if checkpointed else "") + (
-        f", a slab of {domain_size} domain ranks" if (domain_size or 1) > 1 else "")
+        f", a slab of {domain_size} domain ranks" if (domain_size or 1) > 1 else "") + (
+        f", {unrolled} rollout steps kept" if unrolled > 1 else "")
     line = (f"a training step needs about {_gb(need)} (batch {batch_size}, width {model.width}, "
             f"{model.layers} layers, {grid} cells{options}); {what}: {_gb(available)}")
     if need <= available or os.environ.get("WELLFNO_SKIP_MEMORY_CHECK"):
         return line
     fits = max((b for b in range(1, batch_size) if need_for(b) <= available), default=0)
+    if unrolled > 1:  # a shorter rollout first: it keeps the batch the run was tuned for
+        steps = max((k for k in range(1, unrolled) if step_bytes(
+            n_parameters, batch_size, resolution, model.in_channels, model.channels_per_frame,
+            model.width, model.layers, bool(checkpointed), domain_size or 1, k) <= available),
+            default=0)
+        if steps:
+            raise UserError(f"{line}: too much; {steps} rollout steps would fit: lower "
+                            f"--rollout-steps to {steps}, or train with --pushforward (one step's "
+                            f"memory){f', or lower --batch-size to {fits}' if fits else ''} "
+                            "(WELLFNO_SKIP_MEMORY_CHECK=1 runs anyway)")
     if fits:
         advice = f"lower --batch-size to {fits}"
     else:

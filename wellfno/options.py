@@ -71,3 +71,22 @@ def check_modes(args, grid):
     if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
         raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid "
                         f"holds: use --modes {min(grid)} or fewer")
+
+
+def check_run_arguments(args):
+    """The numbers and combinations of a training run's own options (--nvtx, --layers,
+    --log-every, --timeout, --eval-only): solution 10's statements (tests/test_drift.py checks
+    it), called by the solutions from solution 14 on."""
+    if args.nvtx and args.profile:
+        raise UserError("--nvtx hands the ranges to Nsight Systems or rocprofv3, --profile to "
+                        "torch.profiler: use one at a time")
+    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes", "log_every", "layers"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
+        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to "
+                        "2**63-1")
+    if not 0 < args.timeout < float("inf"):
+        raise UserError("--timeout must be a positive number of seconds")
+    if args.eval_only and args.profile:
+        raise UserError("--profile traces training steps: drop it with --eval-only")

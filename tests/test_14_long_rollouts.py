@@ -1,0 +1,280 @@
+"""Exercise 14 check-your-work: training on the model's own rollouts, against a hand-unrolled one.
+
+    .venv/bin/python -m pytest -q tests/test_14_long_rollouts.py --script YOUR_SCRIPT
+
+The first part checks wellfno.unrolled on a small model in float64: the rollout loss and its
+gradients against a rollout written out by hand in the (B, T, *spatial, F) layout
+wellfno.rollout.rollout uses; the pushforward trick; the input noise; the FLOPs and memory it
+costs. The second runs the script on the tiny generated data (12 frames per trajectory): its
+default trains on 4-step rollouts and writes the whole trajectory's VRMSE; --rollout-steps 1 is
+solution 13's training bit for bit; bad values are one line. 2 ranks x b == 1 rank x 2b with the
+rollout loss: tests/test_nccl_seam.py (under an NCCL-like process group) and below.
+The measurement that chose the default: solutions/14_long_rollouts/compare.py.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.checks import require, require_refused, task
+from tests.conftest import PYTHON, REPO
+from tests.test_05_ddp import SMALL, SMALL_MODEL, assert_ok, launch, max_relative_difference, parameters
+from wellfno import flops, memory
+from wellfno.data import model_inputs
+from wellfno.model import NextFrameFNO
+from wellfno.unrolled import RolloutLoss, next_input, training_flops_per_sample
+
+STEP = "14_long_rollouts"  # the cross-step matrix (tests/conftest.py) supplies `script`
+QUICK = ("--epochs", "1", "--max-steps", "2", "--batch-size", "4", "--bind", "none", "--log-every",
+         "1", *SMALL_MODEL)
+CHANNELS, FRAMES, CONSTANTS, GRID = 3, 2, 1, (10, 8)
+
+
+def small_model():
+    torch.manual_seed(0)
+    stats = {k: torch.rand(CHANNELS) + 0.5 for k in ("mean", "std", "mean_delta", "std_delta")}
+    return NextFrameFNO(CHANNELS, FRAMES, stats, constant_channels=CONSTANTS, resolution=GRID,
+                        modes=4, width=8, layers=2).double()
+
+
+def sample(batch=2, steps=3):
+    """Input frames (B, T, *spatial, F), constant fields (B, *spatial, K), targets (B, K, *spatial, F)."""
+    torch.manual_seed(1)
+    return (torch.randn(batch, FRAMES, *GRID, CHANNELS, dtype=torch.float64),
+            torch.randn(batch, *GRID, CONSTANTS, dtype=torch.float64),
+            torch.randn(batch, steps, *GRID, CHANNELS, dtype=torch.float64))
+
+
+def by_hand(model, frames, constants, targets, detach=False):
+    """The rollout written out: the window of frames shifts by one predicted frame per step, as
+    wellfno.rollout.rollout does, with gradients; one loss per step."""
+    losses, window = [], frames
+    for k in range(targets.shape[1]):
+        pred = model(model_inputs(window, constants))  # (B, F, *spatial)
+        losses.append(model.loss(pred, targets[:, k].movedim(-1, 1)))
+        nxt = (pred.detach() if detach else pred).movedim(1, -1).unsqueeze(1)
+        window = torch.cat([window[:, 1:], nxt], dim=1)
+    return losses
+
+
+def gradients(model, loss):
+    model.zero_grad()
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def close(a, b, tol=1e-12):
+    return all(torch.allclose(a[k], b[k], rtol=tol, atol=tol) for k in a)
+
+
+def test_the_rollout_loss_is_a_hand_unrolled_rollouts():
+    """K = 3 steps, 2 input frames and a constant field: the loss is the mean of the 3 one-step
+    losses along the model's own rollout, and its gradients flow through every step."""
+    model = small_model()
+    frames, constants, targets = sample()
+    rollout_loss = RolloutLoss(model.loss, model.last_frame.stop, steps=3)
+    loss = rollout_loss(model, model_inputs(frames, constants), targets.movedim(-1, 2))
+    reference = sum(by_hand(model, frames, constants, targets)) / 3
+    require(torch.allclose(loss, reference, rtol=1e-12),
+            f"the rollout loss is {loss.item():.6g}, the hand-unrolled one {reference.item():.6g}: "
+            f"feed each prediction back as the newest frame, keep the constant fields last "
+            f"{task('14', 1)}")
+    got, want = gradients(model, rollout_loss(model, model_inputs(frames, constants),
+                                              targets.movedim(-1, 2))), gradients(model, reference)
+    require(close(got, want), f"the rollout loss's gradients are not the hand-unrolled ones': "
+            f"do not detach the predictions you feed back (that is --pushforward) {task('14', 1)}")
+    detached = sum(by_hand(model, frames, constants, targets, detach=True)) / 3
+    assert not close(got, gradients(model, detached))  # the check can tell the two apart
+
+
+def test_one_step_is_todays_loss():
+    model = small_model()
+    frames, constants, targets = sample(steps=1)
+    x, y = model_inputs(frames, constants), targets.movedim(-1, 2)
+    assert torch.equal(RolloutLoss(model.loss, model.last_frame.stop, 1)(model, x, y),
+                       model.loss(model(x), y[:, 0]))
+
+
+def test_next_input_drops_the_oldest_frame_and_keeps_the_constants():
+    frames, constants, _ = sample()
+    pred = torch.randn(2, CHANNELS, *GRID, dtype=torch.float64)
+    shifted = torch.cat([frames[:, 1:], pred.movedim(1, -1).unsqueeze(1)], dim=1)
+    assert torch.equal(next_input(model_inputs(frames, constants), pred, FRAMES * CHANNELS),
+                       model_inputs(shifted, constants))
+
+
+def test_pushforward_trains_one_step_from_its_own_rollout():
+    """Brandstetter et al. 2022: N steps without gradients, then one trained step on target N;
+    N drawn from 0..K-1 by a generator of its own: the same draws whatever the batch's size."""
+    model = small_model()
+    frames, constants, targets = sample(steps=4)
+    x, y = model_inputs(frames, constants), targets.movedim(-1, 2)
+    rollout_loss = RolloutLoss(model.loss, model.last_frame.stop, 4, pushforward=True, seed=5)
+    for n in range(4):
+        loss = rollout_loss(model, x, y, rolled_out=n)
+        reference = by_hand(model, frames, constants, targets, detach=True)[n]
+        assert torch.allclose(loss, reference, rtol=1e-12)
+        assert close(gradients(model, rollout_loss(model, x, y, rolled_out=n)),
+                     gradients(model, reference))
+    one, two = (RolloutLoss(model.loss, model.last_frame.stop, 4, pushforward=True, seed=5)
+                for _ in range(2))
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
+    for _ in range(20):  # batch 2 and batch 1: the same N, step after step
+        calls.clear()
+        one(model, x, y)
+        steps_two = len(calls)
+        calls.clear()
+        two(model, x[:1], y[:1])
+        assert len(calls) == steps_two
+    seen = set()
+    for _ in range(40):  # every N from 0 to K - 1 comes up
+        calls.clear()
+        one(model, x, y)
+        seen.add(len(calls) - 1)
+    assert seen == {0, 1, 2, 3}
+
+
+def test_input_noise_moves_the_frames_not_the_constant_fields():
+    model = small_model()
+    frames, constants, _ = sample(batch=64)
+    x = model_inputs(frames, constants)
+    noisy = RolloutLoss(model.loss, model.last_frame.stop, 2, noise=0.1).add_noise(x)
+    moved = noisy[:, :FRAMES * CHANNELS] - x[:, :FRAMES * CHANNELS]
+    assert torch.equal(noisy[:, FRAMES * CHANNELS:], x[:, FRAMES * CHANNELS:])
+    assert abs(moved.std().item() - 0.1) < 0.005 and abs(moved.mean().item()) < 0.005
+    assert RolloutLoss(model.loss, model.last_frame.stop, 2).add_noise(x) is x
+
+
+def test_the_flops_of_k_steps():
+    """Unrolled: one step's forward and backward, then K - 1 more whose backward also runs back
+    into their input (a prediction: the chain through time); pushforward: one step's plus, on
+    average, (K - 1) / 2 forwards without gradients."""
+    model = small_model().float()
+    x = torch.randn(2, model.in_channels, *GRID)
+    y = torch.randn(2, 4, CHANNELS, *GRID)
+    one = flops.training_flops_per_sample(model, x, y[:, 0], model.loss)["per_sample"]
+    with torch.no_grad():
+        forward = flops.count_flops(lambda: model(x))["total"] / 2
+    unrolled = training_flops_per_sample(model, x, y, RolloutLoss(model.loss, model.last_frame.stop, 4))
+    chained = flops.training_flops_per_sample(model, x.clone().requires_grad_(), y[:, 0],
+                                              model.loss)["per_sample"]
+    assert chained > one
+    assert unrolled["per_sample"] == pytest.approx(one + 3 * chained, rel=1e-9)
+    pushed = training_flops_per_sample(model, x, y, RolloutLoss(model.loss, model.last_frame.stop, 4,
+                                                                pushforward=True))
+    assert pushed["per_sample"] == pytest.approx(one + 1.5 * forward, rel=1e-9)
+    assert all(p.grad is None for p in model.parameters())  # the count leaves no gradients
+
+
+def test_a_rollout_that_does_not_fit_says_how_many_steps_would():
+    model = NextFrameFNO(7, 1, {k: torch.ones(7) for k in ("mean", "std", "mean_delta", "std_delta")},
+                         n_spatial_dims=3, resolution=(64, 64, 64))
+    n = sum(p.numel() for p in model.parameters())
+
+    def need(k):
+        return memory.step_bytes(n, 4, (64, 64, 64), model.in_channels, 7, model.width, model.layers,
+                                 unrolled_steps=k)
+    available = (need(3) + need(4)) // 2  # 3 steps fit, 4 do not
+    with pytest.raises(memory.UserError) as refused:
+        memory.check_step_fits(model, 4, torch.device("cpu"), available=available, rollout_steps=4)
+    said = str(refused.value)
+    assert "3 rollout steps would fit" in said and "--rollout-steps to 3" in said
+    assert "--pushforward" in said and "\n" not in said
+    assert "4 rollout steps kept" in memory.check_step_fits(model, 4, torch.device("cpu"),
+                                                             available=need(4), rollout_steps=4)
+    # pushforward keeps one step's activations
+    line = memory.check_step_fits(model, 4, torch.device("cpu"), available=need(1),
+                                  rollout_steps=4, pushforward=True)
+    assert "rollout steps kept" not in line
+    assert need(4) - need(1) == 3 * (need(2) - need(1))  # activations times K, parameters once
+
+
+# ---------------------------------------------------------------------------- the script
+def run(script, *args, timeout=300):
+    import subprocess
+
+    return subprocess.run([PYTHON, str(script), *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def default_run(script, tiny_data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("default")
+    return out, run(script, "--data-dir", tiny_data_dir, "--out", out, *QUICK)
+
+
+def test_the_default_trains_on_4_step_rollouts(default_run):
+    out, result = default_run
+    require(result.returncode == 0, f"the script stopped: {result.stderr.strip()[-300:]}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    require(metrics["config"].get("rollout_steps") == 4,
+            f"metrics.json's config has rollout_steps {metrics['config'].get('rollout_steps')} "
+            f"(allowed: 4, the default) {task('14', 1)}")
+    require("4 rollout steps kept" in result.stdout,
+            f"the memory line does not count 4 rollout steps {task('14', 2)}")
+
+
+def test_metrics_hold_the_whole_trajectorys_vrmse(default_run):
+    out, result = default_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key, curve in (("whole_trajectory_vrmse", "rollout_vrmse"),
+                       ("persistence_whole_trajectory_vrmse", "persistence_vrmse")):
+        require(key in metrics, f"metrics.json has no {key} {task('14', 3)}")
+        direct = sum(metrics[curve]) / len(metrics[curve])
+        require(abs(metrics[key] - direct) <= 1e-12 * direct,
+                f"metrics.json's {key} is {metrics[key]:.6g}, the mean of its {curve} "
+                f"{direct:.6g} {task('14', 3)}")
+    assert len(metrics["rollout_vrmse"]) == 11  # the whole trajectory: 12 frames, 1 input
+    assert f"whole trajectory (11 steps): mean VRMSE {metrics['whole_trajectory_vrmse']:.4f}" in result.stdout
+
+
+@pytest.mark.slow
+def test_one_step_is_solution_13_bit_for_bit(script, tiny_data_dir, tmp_path):
+    """--rollout-steps 1 trains what solution 13 trains: the same weights after 2 steps."""
+    runs = {}
+    for name, path, extra in (("yours", script, ("--rollout-steps", "1")),
+                              ("13", REPO / "solutions/13_domain_parallel/fno.py", ())):
+        result = run(path, "--data-dir", tiny_data_dir, "--out", tmp_path / name, *QUICK, *extra)
+        require(result.returncode == 0, f"{name} stopped: {result.stderr.strip()[-300:]}")
+        runs[name] = parameters(tmp_path / name / "checkpoint.pt")
+    differ = [k for k in runs["13"] if not torch.equal(runs["yours"][k], runs["13"][k])]
+    require(not differ, f"with --rollout-steps 1 the weights after 2 steps differ from solution "
+            f"13's in {len(differ)} tensors (first: {differ[:1]}): one step must be today's "
+            f"training {task('14', 1)}")
+
+
+@pytest.mark.parametrize("args, naming", [
+    (("--rollout-steps", "0"), ("--rollout-steps",)),
+    (("--rollout-steps", "12"), ("--rollout-steps 12", "at most --rollout-steps 11")),
+    (("--input-noise", "-0.1"), ("--input-noise",)),
+    (("--input-noise", "nan"), ("--input-noise",)),
+    (("--pushforward", "--rollout-steps", "1"), ("--pushforward",)),
+])
+def test_bad_values_are_one_line_and_write_nothing(script, tiny_data_dir, tmp_path, args, naming):
+    out = tmp_path / "out"
+    result = run(script, "--data-dir", tiny_data_dir, "--out", out, *QUICK, *args)
+    require_refused(result, " ".join(args), f"check it before training {task('14', 1)}",
+                    naming=naming, out=out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [(), ("--pushforward",)])
+def test_two_ranks_of_b_train_as_one_rank_of_2b(script, tiny_data_dir, tmp_path, variant):
+    """The rollout loss under DDP (K forwards, one backward; pushforward's N the same on every
+    rank): 2 ranks x 2 equal 1 rank x 4 after 2 steps (SMALL: --n-steps-input 10, so K = 2)."""
+    common = ("--epochs", "1", "--max-steps", "2", *SMALL, *variant)
+    one = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "one", "--batch-size",
+                 "4", *common)
+    two = launch(script, 2, "--data-dir", tiny_data_dir, "--out", tmp_path / "two", "--batch-size",
+                 "2", *common)
+    assert_ok(one, "one rank")
+    assert_ok(two, "two ranks")
+    worst = max_relative_difference(parameters(tmp_path / "two" / "checkpoint.pt"),
+                                    parameters(tmp_path / "one" / "checkpoint.pt"))
+    require(worst <= 1e-5, f"2 ranks x 2 end {worst:.1e} (relative) from 1 rank x 4 (allowed: "
+            f"1e-05) {task('14', 1)}")
+    config = json.loads((tmp_path / "two" / "metrics.json").read_text())["config"]
+    assert config["rollout_steps"] == 2 and "training on 2-step rollouts" in two[0][1]

@@ -1,0 +1,173 @@
+"""Exercise 14's training on the model's own rollouts: the loss over K autoregressive steps.
+
+A model trained on one step from true frames only ever sees true inputs; rolled out, it is fed its
+own predictions, whose small errors it never learned to correct, and they grow step after step
+(the distribution shift of autoregressive models). Three remedies, behind solution 14's flags:
+
+* **unrolled training** (`--rollout-steps K`): the loss is the mean of the K one-step losses along
+  the model's own K-step rollout from a true frame, back-propagated through all K steps (as an
+  RNN is trained through time); K times the compute of a step and K times its activations.
+* **the pushforward trick** (`--pushforward`): Brandstetter, Worrall & Welling 2022, "Message
+  Passing Neural PDE Solvers" (ICLR; arXiv:2202.03376, section 2.3): the model first rolls out
+  N steps without gradients, N drawn uniformly from 0 to K-1 for each batch, then trains one step
+  from its own prediction: the stability of K steps for the memory of one.
+* **input noise** (`--input-noise SIGMA`): Sanchez-Gonzalez et al. 2020, "Learning to Simulate
+  Complex Physics with Graph Networks" (ICML; arXiv:2002.09405, section 3): Gaussian noise of
+  standard deviation SIGMA (z-scored units) on the input frames, the target left true, so the
+  model learns to undo errors it will make. The noise differs with the batch's size: it is the
+  one variant whose 2 ranks x b is not 1 rank x 2b exactly.
+
+Lippe et al. 2023, "PDE-Refiner" (NeurIPS; arXiv:2308.05732) refines each prediction in several
+denoising steps: a different model, not built here. Which one the solution trains by default was
+chosen by a measurement (exercises/14_long_rollouts/README.md, results/14_long_rollouts.json).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from wellfno.cli import UserError
+from wellfno.data import model_inputs, trajectory_length
+
+
+DEFAULT_ROLLOUT_STEPS = 4  # chosen by measurement (exercises/14_long_rollouts/README.md)
+
+
+def check_arguments(args, dataset_dir) -> str | None:
+    """--rollout-steps and --input-noise against each other and the dataset's trajectories.
+
+    Without --rollout-steps, K is DEFAULT_ROLLOUT_STEPS, or as many as the training trajectories
+    allow after --n-steps-input where they are shorter (returned: the line that says so); a K
+    given that does not fit is refused.
+    """
+    frames = trajectory_length(dataset_dir, "train")
+    room = frames - args.n_steps_input  # target frames after the input frames
+    note = None
+    if args.rollout_steps is None:
+        args.rollout_steps = max(1, min(DEFAULT_ROLLOUT_STEPS, room))
+        if args.rollout_steps < DEFAULT_ROLLOUT_STEPS:
+            note = (f"training on {args.rollout_steps}-step rollouts, not "
+                    f"{DEFAULT_ROLLOUT_STEPS}: the train split's trajectories have {frames} "
+                    f"frames and --n-steps-input is {args.n_steps_input}")
+    if args.rollout_steps < 1:
+        raise UserError("--rollout-steps must be at least 1 (1: one-step training)")
+    if not 0 <= args.input_noise < math.inf:
+        raise UserError("--input-noise must be 0 or more (a standard deviation in z-scored units)")
+    if args.pushforward and args.rollout_steps < 2:
+        raise UserError("--pushforward rolls out before the trained step: give it "
+                        "--rollout-steps 2 or more")
+    if args.rollout_steps > room:
+        raise UserError(f"--rollout-steps {args.rollout_steps} with --n-steps-input "
+                        f"{args.n_steps_input} needs {args.n_steps_input + args.rollout_steps} "
+                        f"frames, but the train split's trajectories have {frames}: use at most "
+                        f"--rollout-steps {max(room, 1)}")
+    return note
+
+
+def training_split(args, dataset_dir, rows: slice | None = None):
+    """The train split in windows of n_steps_input + K frames: K targets per sample. The reader
+    the run uses for its other splits (wellfno.fastwell.open_splits): the_well's, --fast-reader's,
+    or, with `rows` (--domain-size), the slab reader of wellfno.slabs."""
+    from the_well.data import WellDataset
+    from the_well.data.normalization import ZScoreNormalization
+
+    from wellfno.fastwell import FastWellDataset
+    from wellfno.slabs import SlabWellDataset
+
+    steps = dict(n_steps_input=args.n_steps_input, n_steps_output=args.rollout_steps)
+    if rows is not None:
+        return SlabWellDataset(dataset_dir, "train", rows=rows, **steps)
+    reader = FastWellDataset if args.fast_reader else WellDataset
+    return reader(path=str(dataset_dir), well_split_name="train", use_normalization=True,
+                  normalization_type=ZScoreNormalization, return_grid=False,
+                  boundary_return_type=None, **steps)
+
+
+def batch_to_rollout(batch: dict, device, non_blocking: bool = False):
+    """A batch of K-step windows -> (inputs (B, T*C + K', *spatial), targets (B, K, C, *spatial)).
+
+    `wellfno.data.batch_to_model` with every output frame kept, not the first: copied first, laid
+    out after, on the device.
+    """
+    frames = batch["input_fields"].to(device, non_blocking=non_blocking)
+    targets = batch["output_fields"].to(device, non_blocking=non_blocking)
+    constants = batch.get("constant_fields")
+    if constants is not None:
+        constants = constants.to(device, non_blocking=non_blocking)
+    return model_inputs(frames, constants), targets.movedim(-1, 2).nan_to_num()
+
+
+def next_input(x: torch.Tensor, pred: torch.Tensor, frame_channels: int) -> torch.Tensor:
+    """The model's next input: the oldest frame dropped, the prediction appended after the newest,
+    the constant fields (the last channels) kept: what `wellfno.rollout.rollout` feeds it."""
+    channels = pred.shape[1]
+    return torch.cat([x[:, channels:frame_channels], pred, x[:, frame_channels:]], dim=1)
+
+
+class RolloutLoss:
+    """The training loss along the model's own rollout: `loss(model, x, targets)`.
+
+    `step_loss(pred, target)` is one step's loss (the model's, or domain.sample_loss's);
+    `frame_channels` the input's channels that are frames (the rest are constant fields). With
+    steps == 1, no pushforward and no noise it is `step_loss(model(x), targets[:, 0])`, today's.
+    """
+
+    def __init__(self, step_loss, frame_channels: int, steps: int, pushforward: bool = False,
+                 noise: float = 0.0, seed: int = 0):
+        self.step_loss, self.frame_channels = step_loss, frame_channels
+        self.steps, self.pushforward, self.noise = steps, pushforward, noise
+        # pushforward's N: one CPU generator, the same on every rank (it must not depend on the
+        # batch's size or device, so that 2 ranks x b trains as 1 rank x 2b)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def add_noise(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.noise:
+            return x
+        frames = x[:, :self.frame_channels]
+        noisy = frames + self.noise * torch.randn_like(frames)  # the constant fields stay exact
+        return torch.cat([noisy, x[:, self.frame_channels:]], dim=1)
+
+    def __call__(self, model, x: torch.Tensor, targets: torch.Tensor,
+                 rolled_out: int | None = None) -> torch.Tensor:
+        x = self.add_noise(x)
+        if self.pushforward:  # N steps without gradients, then one trained step from there
+            n = rolled_out if rolled_out is not None else int(
+                torch.randint(self.steps, (), generator=self.generator))
+            with torch.no_grad():
+                for _ in range(n):
+                    x = next_input(x, model(x), self.frame_channels)
+            return self.step_loss(model(x), targets[:, n])
+        losses = []
+        for k in range(self.steps):  # back-propagated through every step: K graphs kept
+            pred = model(x)
+            losses.append(self.step_loss(pred, targets[:, k]))
+            if k + 1 < self.steps:
+                x = next_input(x, pred, self.frame_channels)
+        return sum(losses) / self.steps
+
+
+def training_flops_per_sample(model, x: torch.Tensor, targets: torch.Tensor,
+                              loss: RolloutLoss) -> dict:
+    """`wellfno.flops.training_flops_per_sample` of the rollout loss: FLOPs of one training step
+    (its K forwards and backwards) per sample; with --pushforward the mean over N = 0 .. K-1.
+    The model's gradients are left as they were."""
+    from wellfno.flops import count_flops
+
+    saved = [p.grad for p in model.parameters()]
+    counts = []
+    try:
+        for n in range(loss.steps) if loss.pushforward else [None]:
+            for p in model.parameters():
+                p.grad = None
+            counts.append(count_flops(lambda: loss(model, x, targets, rolled_out=n).backward()))
+    finally:
+        for p, g in zip(model.parameters(), saved):
+            p.grad = g
+    per_run = len(x) * len(counts)  # per sample, and the mean over the N counted
+
+    def mean(key):
+        return {k: sum(c[key].get(k, 0) for c in counts) / per_run
+                for k in sorted({k for c in counts for k in c[key]})}
+    return dict(per_sample=sum(c["total"] for c in counts) / per_run, batch_size=len(x),
+                by_op=mean("by_op"), by_kind=mean("by_kind"))
