@@ -63,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--domain-size", type=int, default=1,
                    help="ranks that share one sample, each a slab of its first spatial axis")
     p.add_argument("--rollout-steps", type=int, default=None, help="K: train on the model's own "
-                   "K-step rollout (default 4, fewer on shorter trajectories; 1: one-step training)")
+                   "K-step rollout (default 4, fewer on short trajectories; 1: one-step training)")
     p.add_argument("--pushforward", action="store_true", help="roll out 0 to K-1 steps without "
                    "gradients, then train one step (memory of one step; Brandstetter et al. 2022)")
     p.add_argument("--input-noise", type=float, default=0.0,
