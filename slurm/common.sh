@@ -87,25 +87,28 @@ if [ "$GPU_VENDOR" = amd ]; then
 fi
 
 # --- one run folder per job ----------------------------------------------------
-if [ -n "${SLURM_JOB_ID:-}" ]; then
+if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then  # a job array: one folder for all its tasks
+  RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME:-job}-$SLURM_ARRAY_JOB_ID"
+elif [ -n "${SLURM_JOB_ID:-}" ]; then
   RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID"
 else
   RUN_DIR="$RUN_ROOT/${WF_STEP:-$(basename "$0" .sbatch)}-$(date +%Y%m%d-%H%M%S)"
 fi
+_wf_task="${SLURM_ARRAY_TASK_ID:+-task$SLURM_ARRAY_TASK_ID}"  # each array task's own log names
 mkdir -p "$RUN_DIR" || wf_die "cannot create run folder $RUN_DIR; check RUN_ROOT in slurm/site.env"
 export RUN_DIR DATASET_DIR DEVICE
 # Link the job's Slurm log into the run folder so everything is in one place.
 if [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null 2>&1; then
   _wf_out="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n1)" || true
   _wf_err="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdErr=//p' | head -n1)" || true
-  [ -n "${_wf_out:-}" ] && [ -e "$_wf_out" ] && ln -sfn "$_wf_out" "$RUN_DIR/slurm.out"
-  [ -n "${_wf_err:-}" ] && [ "$_wf_err" != "${_wf_out:-}" ] && [ -e "$_wf_err" ] && ln -sfn "$_wf_err" "$RUN_DIR/slurm.err"
+  [ -n "${_wf_out:-}" ] && [ -e "$_wf_out" ] && ln -sfn "$_wf_out" "$RUN_DIR/slurm${_wf_task}.out"
+  [ -n "${_wf_err:-}" ] && [ "$_wf_err" != "${_wf_out:-}" ] && [ -e "$_wf_err" ] && ln -sfn "$_wf_err" "$RUN_DIR/slurm${_wf_task}.err"
 fi
 {
   echo "job ${SLURM_JOB_NAME:-local} ${SLURM_JOB_ID:-} on $(hostname -s) at $(date -Is)"
   echo "nodes=${SLURM_JOB_NUM_NODES:-1} ntasks=${SLURM_NTASKS:-1} cpus_per_task=${SLURM_CPUS_PER_TASK:-} gpu_vendor=$GPU_VENDOR device=$DEVICE job_gpus=${SLURM_JOB_GPUS:--}"
   echo "data=$DATASET_DIR run_dir=$RUN_DIR python=$(command -v "$PYTHON")"
-} | tee "$RUN_DIR/job.txt"
+} | tee "$RUN_DIR/job${_wf_task}.txt"
 
 # --- launching -----------------------------------------------------------------
 # launch [srun options...] -- command [args...]

@@ -43,6 +43,7 @@ STEPS=(
   "09_mixed_precision  gpu        data"
   "11_compile      gpu        data"
   "13_domain_parallel  gpus       data"
+  "14_long_rollouts    gpu        data"
 )
 
 with_2nodes=0 dry=0 selected=() extra=() step_args=()

@@ -21,12 +21,13 @@ import torch
 from tests.checks import require, require_refused, task
 from tests.conftest import PYTHON, REPO
 from tests.test_05_ddp import SMALL, SMALL_MODEL, assert_ok, launch, max_relative_difference, parameters
-from wellfno import flops, memory
+from wellfno import flops, memory, unrolled
 from wellfno.data import model_inputs
 from wellfno.model import NextFrameFNO
 from wellfno.unrolled import RolloutLoss, next_input, training_flops_per_sample
 
 STEP = "14_long_rollouts"  # the cross-step matrix (tests/conftest.py) supplies `script`
+STEPS_14 = "solutions/14_long_rollouts/fno.py"
 QUICK = ("--epochs", "1", "--max-steps", "2", "--batch-size", "4", "--bind", "none", "--log-every",
          "1", *SMALL_MODEL)
 CHANNELS, FRAMES, CONSTANTS, GRID = 3, 2, 1, (10, 8)
@@ -214,11 +215,13 @@ def test_the_default_trains_on_4_step_rollouts(default_run):
             f"metrics.json's config has rollout_steps {metrics['config'].get('rollout_steps')} "
             f"(allowed: 4, the default) {task('14', 1)}")
     require("4 rollout steps kept" in result.stdout,
-            f"the memory line does not count 4 rollout steps {task('14', 2)}")
+            f"the memory line does not count 4 rollout steps (wellfno.memory.check_step_fits' "
+            f"rollout_steps) {task('14', 2)}")
 
 
 def test_metrics_hold_the_whole_trajectorys_vrmse(default_run):
     out, result = default_run
+    require(result.returncode == 0, f"the script stopped: {result.stderr.strip()[-300:]}")
     metrics = json.loads((out / "metrics.json").read_text())
     for key, curve in (("whole_trajectory_vrmse", "rollout_vrmse"),
                        ("persistence_whole_trajectory_vrmse", "persistence_vrmse")):
@@ -246,17 +249,18 @@ def test_one_step_is_solution_13_bit_for_bit(script, tiny_data_dir, tmp_path):
             f"training {task('14', 1)}")
 
 
-@pytest.mark.parametrize("args, naming", [
-    (("--rollout-steps", "0"), ("--rollout-steps",)),
-    (("--rollout-steps", "12"), ("--rollout-steps 12", "at most --rollout-steps 11")),
-    (("--input-noise", "-0.1"), ("--input-noise",)),
-    (("--input-noise", "nan"), ("--input-noise",)),
-    (("--pushforward", "--rollout-steps", "1"), ("--pushforward",)),
+@pytest.mark.parametrize("args, naming, number", [
+    (("--rollout-steps", "0"), ("--rollout-steps",), 1),
+    (("--rollout-steps", "12"), ("--rollout-steps 12", "at most --rollout-steps 11"), 1),
+    (("--input-noise", "-0.1"), ("--input-noise",), 4),
+    (("--input-noise", "nan"), ("--input-noise",), 4),
+    (("--pushforward", "--rollout-steps", "1"), ("--pushforward",), 4),
 ])
-def test_bad_values_are_one_line_and_write_nothing(script, tiny_data_dir, tmp_path, args, naming):
+def test_bad_values_are_one_line_and_write_nothing(script, tiny_data_dir, tmp_path, args, naming,
+                                                   number):
     out = tmp_path / "out"
     result = run(script, "--data-dir", tiny_data_dir, "--out", out, *QUICK, *args)
-    require_refused(result, " ".join(args), f"check it before training {task('14', 1)}",
+    require_refused(result, " ".join(args), f"check it before training {task('14', number)}",
                     naming=naming, out=out)
 
 
@@ -278,3 +282,55 @@ def test_two_ranks_of_b_train_as_one_rank_of_2b(script, tiny_data_dir, tmp_path,
             f"1e-05) {task('14', 1)}")
     config = json.loads((tmp_path / "two" / "metrics.json").read_text())["config"]
     assert config["rollout_steps"] == 2 and "training on 2-step rollouts" in two[0][1]
+
+
+# ------------------------------------------------------------------ the measurement (compare.py)
+@pytest.mark.slow
+def test_compare_writes_every_run_and_the_verdict(tiny_data_dir, tmp_path):
+    """compare.py on the tiny data, 2 variants x 2 seeds, 1 epoch: every run trained and scored
+    by wellfno.evaluate, the summary the mean of the runs, the figure and the results file."""
+    results = tmp_path / "results.json"
+    result = run(REPO / "solutions/14_long_rollouts/compare.py", "--variants", "fno.py",
+                 "unrolled-4", "--seeds", "0", "1", "--epochs", "1", "--data-dir", tiny_data_dir,
+                 "--out", tmp_path / "out", "--results", results, "--jobs", "2", timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads(results.read_text())
+    assert written["command"].startswith("python solutions/14_long_rollouts/compare.py")
+    data = written["data"]
+    assert (tmp_path / "out" / "compare.png").stat().st_size > 1000
+    assert data["steps"] == 11 and data["trajectories"] == 2
+    for variant in ("fno.py", "unrolled-4"):
+        runs = data["runs"][variant]
+        assert [r["seed"] for r in runs] == [0, 1]
+        for r in runs:  # the run's own evaluation.json, read back
+            path = tmp_path / "out" / variant / f"seed{r['seed']}"
+            report = json.loads((path / "evaluation.json").read_text())
+            assert r["whole_trajectory"] == report["model"]["whole_trajectory"]
+            assert r["step_1"] == report["model"]["per_step"][0]
+        summary = data["summary"][variant]
+        assert summary["whole_trajectory"] == pytest.approx(
+            sum(r["whole_trajectory"] for r in runs) / 2, rel=1e-12)
+    assert data["runs"]["unrolled-4"][0]["flops_per_sample"] > 0
+    assert data["runs"]["fno.py"][0]["flops_per_sample"] is None  # fno.py counts none
+    verdict = data["verdict"]
+    assert verdict["variant"] == "unrolled-4" and verdict["step_1_ratio"] == pytest.approx(
+        data["summary"]["unrolled-4"]["step_1"] / data["summary"]["fno.py"]["step_1"])
+    assert "issue 36's conditions on unrolled-4" in result.stdout
+
+
+def test_compare_knows_the_solutions_default():
+    """compare.py's DEFAULT names the variant whose flags are solution 14's defaults."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare14", REPO / "solutions/14_long_rollouts/compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    spec = importlib.util.spec_from_file_location("solution14", REPO / STEPS_14)
+    solution = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(solution)
+    defaults = solution.parse_args(["--out", "x"])
+    flags = dict(zip(compare.VARIANTS[compare.DEFAULT][1][::2], compare.VARIANTS[compare.DEFAULT][1][1::2]))
+    assert int(flags.get("--rollout-steps", 0)) == unrolled.DEFAULT_ROLLOUT_STEPS
+    assert defaults.rollout_steps is None  # the default, DEFAULT_ROLLOUT_STEPS where it fits
+    assert float(flags.get("--input-noise", 0)) == defaults.input_noise
+    assert ("--pushforward" in compare.VARIANTS[compare.DEFAULT][1]) == defaults.pushforward

@@ -3,7 +3,7 @@
 A participant who runs exercise NN's check on the script of the step before (nothing of the
 exercise done yet) must read, for every failing check, one sentence ending in
 `(exercise NN, task N)` (tests/checks.py), and no dump of tensors, arrays, dicts or a traceback.
-Runs each check with the README's arguments (all 13 in one pytest process, below), with
+Runs each check with the README's arguments (all 14 in one pytest process, below), with
 `--script` = the unchanged previous step, on the
 quick checks only (`-m "not slow"`, so each run takes seconds), or, where a check-your-work file
 has no quick check that the previous step fails, a few cheap slow ones picked by name. Adding an
@@ -46,6 +46,7 @@ CASES = [
     ("tests/test_12_checkpointing.py", "solutions/11_compile/fno.py", "12",
      "checkpointed_run_trains"),
     ("tests/test_13_domain_parallel.py", "solutions/12_checkpointing/fno.py", "13", None),
+    ("tests/test_14_long_rollouts.py", "solutions/13_domain_parallel/fno.py", "14", None),
 ]
 # Checks that must fail on the previous step's script (a check that passes there checks nothing).
 MUST_FAIL = {"07": ["test_a_failing_rank_ends_every_rank_within_seconds[script-die]"],
@@ -58,8 +59,8 @@ DUMPS = re.compile(r"tensor\(|array\(|Traceback|^E\s+assert |^E\s+where |\{'|^>\
 SUMMARY = re.compile(r"^(FAILED|ERROR) (?P<test>\S+)(?: - (?P<message>.*))?$", re.M)
 
 
-# The 13 runs in one process, one pytest.main after another: a pytest process per exercise would
-# import torch, neuralop and the conftest 13 times (about 3.5 s of CPU each on the 2-core CI VM).
+# The 14 runs in one process, one pytest.main after another: a pytest process per exercise would
+# import torch, neuralop and the conftest 14 times (about 3.5 s of CPU each on the 2-core CI VM).
 # Each case has its own check file, so no test module is imported twice (exercise 04's picks its
 # script at import from STATS_SCRIPT, which conftest.pytest_configure sets from each run's
 # --script). Each run's report is what a participant's terminal shows (pytest writes it to

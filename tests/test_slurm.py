@@ -1085,3 +1085,44 @@ def test_slurm_13_domain_group_of_two_tasks_then_one_task_evaluates(batch, reque
     log = job.logs()
     assert "Training on 2 rank(s) (srun, gloo backend, cpu)" in log, log
     assert "1 data x 2 domain ranks" in log, log
+
+
+@batched("test_slurm_14_a_job_array_trains_each_variant_then_collect_summarizes", seconds=60)
+def _long_rollouts(root, data):
+    runs = root / "runs"
+    return sbatch("14_long_rollouts.sbatch", "--variants", "fno.py", "unrolled-4", "--seeds", "0",
+                  "--epochs", "1", env=job_env(runs, data), run_root=runs,
+                  sbatch_opts=("--array=0-1", f"--output={runs}/%x-%A_%a.out",
+                               f"--error={runs}/%x-%A_%a.err"))
+
+
+@pytest.mark.slow
+def test_slurm_14_a_job_array_trains_each_variant_then_collect_summarizes(batch, request):
+    """slurm/14_long_rollouts.sbatch as a job array (2 tasks here: 2 variants x 1 seed): each
+    task trains and scores its run into the array's one folder (common.sh), each with its own
+    log; then compare.py --collect, as the job's last line says, summarizes them."""
+    import json
+    job = batch[request.node.name]
+    logs = lambda: "".join(p.read_text(errors="replace")[-2000:]  # noqa: E731
+                           for p in sorted(job.run_root.glob(f"{job.name}-{job.id}_*")))
+    deadline = time.monotonic() + 900
+    while _cmd("squeue", "-h", "-j", job.id).stdout.strip():  # until every task has left the queue
+        assert time.monotonic() < deadline, f"job array {job.id} still queued or running\n{logs()}"
+        time.sleep(POLL_S)
+    for task, variant in enumerate(("fno.py", "unrolled-4")):
+        run = job.run_dir / variant / "seed0"
+        assert (run / "evaluation.json").is_file(), f"task {task} ({variant}) did not finish\n{logs()}"
+        assert (job.run_dir / f"job-task{task}.txt").is_file()  # each task's own record
+    said = (job.run_root / f"{job.name}-{job.id}_1.out").read_text()
+    assert f"--collect --out {job.run_dir}" in said, said
+    data_dir = json.loads((job.run_dir / "fno.py" / "seed0" / "metrics.json").read_text())["config"][
+        "data_dir"]  # the job's WELL_DATA
+    collect = subprocess.run(
+        [sys.executable, "solutions/14_long_rollouts/compare.py", "--collect", "--out", str(job.run_dir),
+         "--variants", "fno.py", "unrolled-4", "--seeds", "0", "--epochs", "1", "--data-dir", data_dir],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert collect.returncode == 0, collect.stderr
+    summary = json.loads((job.run_dir / "compare.json").read_text())["data"]
+    assert set(summary["runs"]) == {"fno.py", "unrolled-4"}
+    assert summary["runs"]["unrolled-4"][0]["flops_per_sample"] > 0
+    assert (job.run_dir / "compare.png").is_file()

@@ -74,6 +74,7 @@ def load_model(checkpoint: Path, config: dict, dataset, stats: dict, dataset_dir
     complex_held = any(key.endswith(".weight.tensor") for key in weights)
     model = NextFrameFNO.for_dataset(dataset, config["n_steps_input"], stats,
                                      width=config["width"], modes=config["modes"],
+                                     layers=config.get("layers", 4),  # --layers: solution 10 on
                                      real_weights=not complex_held)
     expected = {name: buffer.clone() for name, buffer in model.named_buffers()}
     try:
