@@ -99,6 +99,10 @@ TARGETS = (
            ("{py} solutions/13_domain_parallel/benchmark.py --ranks 1 2 --steps 10 --repeats 2 "
             "--out {runs}/bench13 --results results/13_domain_scaling.json",),
            "exercise 13"),
+    Target("14_long_rollouts", "results/14_long_rollouts.json",
+           ("{py} solutions/14_long_rollouts/compare.py --data-dir {data} --out {runs}/compare14 "
+            "--results results/14_long_rollouts.json",),
+           "exercise 14, README (about 35 minutes on 2 cores: 6 variants x 3 seeds)"),
 )
 BY_NAME = {t.name: t for t in TARGETS}
 

@@ -596,6 +596,9 @@ def readme_results_table(root: Path) -> str:
     domain = use("13_domain_scaling.json")
     if domain:
         rows.append(domain_readme_row(domain) + [_link("13_domain_scaling.json")])
+    long_rollouts = use("14_long_rollouts.json")
+    if long_rollouts:
+        rows.append(long_rollouts_readme_row(long_rollouts) + [_link("14_long_rollouts.json")])
     machines = {}
     for name, res in results.items():
         if res:
@@ -738,6 +741,52 @@ def domain_readme_row(result: dict) -> list[str]:
 
 
 # --------------------------------------------------------------------------- command line
+# --------------------------------------------------------------------------- exercise 14
+def long_rollouts_table(root: Path) -> str:
+    """Exercise 14's variants side by side, from results/14_long_rollouts.json (compare.py)."""
+    result = _result(root, "14_long_rollouts.json")
+    d = result["data"]
+    persistence = d["persistence"]["whole_trajectory"]
+    rows = []
+    for name, s in d["summary"].items():
+        flags = " ".join(d["variants"][name]["flags"]) or "(its defaults)"
+        label = f"**{name}** (the default)" if name == d["default_variant"] else name
+        rate = f"{s['samples_per_second']:.1f}" if s["samples_per_second"] else "-"
+        flops = f"{s['flops_per_sample'] / 1e6:.0f}" if s["flops_per_sample"] else "-"
+        rows.append([label, f"`{d['variants'][name]['script']} {flags}`",
+                     f"{s['whole_trajectory']:.3f}",
+                     " / ".join(f"{v:.3f}" for v in s["whole_trajectory_by_seed"]),
+                     f"{s['step_1']:.4f}", f"{s['worst_step_over_persistence']:.2f}", rate, flops,
+                     _mb(s["peak_memory_bytes"]) if s["peak_memory_bytes"] else "-"])
+    rows.append(["persistence", "the last input frame, repeated", f"{persistence:.3f}", "", 
+                 f"{d['persistence']['per_step'][0]:.4f}", "1.00", "", "", ""])
+    seeds = "/".join(map(str, d["seeds"]))
+    return (md_table(["variant", "run", f"VRMSE, all {d['steps']} steps", f"by seed ({seeds})",
+                      "step 1", "worst step / persistence", "samples/s", "MFLOP/sample",
+                      "peak memory"], rows, "llrrrrrrr")
+            + f"\n\nThe Well's VRMSE (`python -m wellfno.evaluate`) over {d['trajectories']} "
+            f"validation trajectories of {d['dataset']}, every rollout step, the mean over seeds "
+            f"{seeds} ({d['epochs']} epochs each); worst step: the largest ratio to persistence at "
+            f"one step, over the steps and seeds; samples/s, FLOPs and peak memory (the process's "
+            f"maximum RSS on a CPU) from each run's metrics.json"
+            + (f", {d['jobs']} runs at a time, {d['threads_per_run']} thread(s) each"
+               if d.get("threads_per_run") else "") + ".\n\n" + _caption(result))
+
+
+def long_rollouts_readme_row(result: dict) -> list[str]:
+    """The course README's row of exercise 14, from results/14_long_rollouts.json."""
+    d = result["data"]
+    chosen, today = d["summary"][d["default_variant"]], d["summary"].get("fno.py")
+    persistence = d["persistence"]["whole_trajectory"]
+    said = (f"{d['default_variant']}: VRMSE over all {d['steps']} steps **{chosen['whole_trajectory']:.3f}** "
+            f"vs {persistence:.3f} for persistence")
+    if today:
+        said += (f" and {today['whole_trajectory']:.3f} for `fno.py` (mean of {len(d['seeds'])} "
+                 f"seeds); step 1 {chosen['step_1']:.4f} vs {today['step_1']:.4f}")
+    return ["14", f"`{result['command']}` ([exercise 14](exercises/14_long_rollouts/README.md"
+            "#what-you-should-see))", said + "; GPU: the same command, to be measured"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Results files and the tables generated from them.")
     sub = p.add_subparsers(dest="what", required=True)

@@ -35,7 +35,7 @@ OPTION_TASKS = {
     "--backend": ("05", 1), "--eval-only": ("06", 3), "--timeout": ("07", 1),
     "--log-every": ("08", 1), "--amp": ("09", 1), "--nvtx": ("10", 2), "--layers": ("10", 3),
     "--compile": ("11", 1), "--checkpoint-blocks": ("12", 1), "--domain-size": ("13", 1),
-    "--rollout-steps": ("14", 1), "--pushforward": ("14", 4), "--input-noise": ("14", 4),
+    "--rollout-steps": ("14", 2), "--pushforward": ("14", 4), "--input-noise": ("14", 4),
 }
 UNRECOGNIZED = re.compile(r"unrecognized arguments: (?P<words>[^\r\n]*)")
 

@@ -7,7 +7,7 @@ averaged them wrong over NCCL (the imaginary parts zero, pytorch/pytorch#158753)
 2.5 refuses complex tensors outright. The course's model holds its complex weights as real
 parameters (wellfno.model.spectral_weights_as_real), so that neither can happen.
 
-These tests run the steps that train with DDP (05, 06, 12; 13 over a domain group of 2) on 2 CPU
+These tests run the steps that train with DDP (05, 06, 12; 13 and 14 over a domain group of 2) on 2 CPU
 ranks under the seam and compare every real and imaginary part of every parameter after one step
 with one rank on the whole batch. On the pinned torch the reducer is already fixed; the oldest
 supported torch's leg (`make test-oldest`, tests/test_oldest_torch.py) runs them where it is not:
@@ -36,6 +36,7 @@ TWO_RANKS = {
     "06_exact_metrics": ("--batch-size", "2"),
     "12_checkpointing": ("--batch-size", "2"),
     "13_domain_parallel": ("--batch-size", "4", "--domain-size", "2"),  # 1 data x 2 domain ranks
+    "14_long_rollouts": ("--batch-size", "4", "--domain-size", "2"),  # its default rollout loss
 }
 
 pytestmark = pytest.mark.skipif(

@@ -14,8 +14,10 @@ own predictions, whose small errors it never learned to correct, and they grow s
 * **input noise** (`--input-noise SIGMA`): Sanchez-Gonzalez et al. 2020, "Learning to Simulate
   Complex Physics with Graph Networks" (ICML; arXiv:2002.09405, section 3): Gaussian noise of
   standard deviation SIGMA (z-scored units) on the input frames, the target left true, so the
-  model learns to undo errors it will make. The noise differs with the batch's size: it is the
-  one variant whose 2 ranks x b is not 1 rank x 2b exactly.
+  model learns to undo errors it will make. Every rank draws the noise of the whole global batch
+  and of the whole frame, from one generator seeded alike on every rank, and keeps its own
+  samples' (DistributedSampler's every data_size-th) and its slab's rows: the same noise on each
+  sample for any number of ranks, so 2 ranks x b train as 1 rank x 2b, as without noise.
 
 Lippe et al. 2023, "PDE-Refiner" (NeurIPS; arXiv:2308.05732) refines each prediction in several
 denoising steps: a different model, not built here. Which one the solution trains by default was
@@ -111,21 +113,36 @@ class RolloutLoss:
     `step_loss(pred, target)` is one step's loss (the model's, or domain.sample_loss's);
     `frame_channels` the input's channels that are frames (the rest are constant fields). With
     steps == 1, no pushforward and no noise it is `step_loss(model(x), targets[:, 0])`, today's.
+    `share` = (this rank's data group, data groups) and `slab` (wellfno.domain.Slab: rows of n)
+    place the rank's batch in the global one, for the noise.
     """
 
     def __init__(self, step_loss, frame_channels: int, steps: int, pushforward: bool = False,
-                 noise: float = 0.0, seed: int = 0):
+                 noise: float = 0.0, seed: int = 0, share: tuple[int, int] = (0, 1), slab=None):
         self.step_loss, self.frame_channels = step_loss, frame_channels
         self.steps, self.pushforward, self.noise = steps, pushforward, noise
+        self.seed, self.share, self.slab = seed, share, slab
         # pushforward's N: one CPU generator, the same on every rank (it must not depend on the
         # batch's size or device, so that 2 ranks x b trains as 1 rank x 2b)
         self.generator = torch.Generator().manual_seed(seed)
+        self.noise_generator = None  # on the batch's device, made at the first batch
 
     def add_noise(self, x: torch.Tensor) -> torch.Tensor:
         if not self.noise:
             return x
+        if self.noise_generator is None:  # drawn where x lives: no host-to-device copy per step
+            self.noise_generator = torch.Generator(x.device).manual_seed(self.seed)
+        index, groups = self.share
         frames = x[:, :self.frame_channels]
-        noisy = frames + self.noise * torch.randn_like(frames)  # the constant fields stay exact
+        rows = self.slab.n if self.slab is not None else frames.shape[2]
+        # the global batch's noise (DistributedSampler gives data group i the samples i, i + groups,
+        # ... of it), whole frames; then this rank's samples and rows
+        noise = torch.randn((groups * len(x), frames.shape[1], rows, *frames.shape[3:]),
+                            generator=self.noise_generator, device=x.device, dtype=x.dtype)
+        noise = noise[index::groups]
+        if self.slab is not None:
+            noise = noise[:, :, self.slab.rows]
+        noisy = frames + self.noise * noise  # the constant fields stay exact
         return torch.cat([noisy, x[:, self.frame_channels:]], dim=1)
 
     def __call__(self, model, x: torch.Tensor, targets: torch.Tensor,
@@ -152,8 +169,12 @@ def training_flops_per_sample(model, x: torch.Tensor, targets: torch.Tensor,
     """`wellfno.flops.training_flops_per_sample` of the rollout loss: FLOPs of one training step
     (its K forwards and backwards) per sample; with --pushforward the mean over N = 0 .. K-1.
     The model's gradients are left as they were."""
+    import copy
+
     from wellfno.flops import count_flops
 
+    loss = copy.copy(loss)  # counted without noise: the training's noise draws stay as they were
+    loss.noise = 0.0
     saved = [p.grad for p in model.parameters()]
     counts = []
     try:

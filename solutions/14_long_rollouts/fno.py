@@ -204,9 +204,11 @@ def train(args, env, backend, device):
     domain.split_model(model, slab)  # spectral convolutions exchange modes in the group; same state
     loss_fn = domain.sample_loss(model.loss, slab)  # the whole sample's mean, on each rank of it
     # K steps of the model's own rollout, each scored with loss_fn; the frames are the first
-    # model.last_frame.stop input channels, the constant fields the rest
+    # model.last_frame.stop input channels, the constant fields the rest; the noise of the global
+    # batch's whole frames, this rank's samples and rows (wellfno.unrolled)
     rollout_loss = unrolled.RolloutLoss(loss_fn, model.last_frame.stop, args.rollout_steps,
-                                        args.pushforward, args.input_noise, args.seed)
+                                        args.pushforward, args.input_noise, args.seed,
+                                        share=(layout.data_index, layout.data_size), slab=slab)
     if args.checkpoint_blocks:  # the same model and state_dict; each block rebuilt in the backward
         checkpoint_blocks(model.fno)
     # stops here if a step cannot fit
