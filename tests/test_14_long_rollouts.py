@@ -30,6 +30,7 @@ STEP = "14_long_rollouts"  # the cross-step matrix (tests/conftest.py) supplies 
 STEPS_14 = "solutions/14_long_rollouts/fno.py"
 QUICK = ("--epochs", "1", "--max-steps", "2", "--batch-size", "4", "--bind", "none", "--log-every",
          "1", *SMALL_MODEL)
+NO_NOISE = ("--input-noise", "0")
 CHANNELS, FRAMES, CONSTANTS, GRID = 3, 2, 1, (10, 8)
 
 
@@ -231,15 +232,22 @@ def default_run(script, tiny_data_dir, tmp_path_factory):
     return out, run(script, "--data-dir", tiny_data_dir, "--out", out, *QUICK)
 
 
-def test_the_default_trains_on_4_step_rollouts(default_run):
+def test_the_default_trains_one_step_on_noisy_inputs(default_run):
+    """The measured choice (compare.py): input noise 0.1, one step; metrics.json's config says so."""
     out, result = default_run
     require(result.returncode == 0, f"the script stopped: {result.stderr.strip()[-300:]}")
-    metrics = json.loads((out / "metrics.json").read_text())
-    require(metrics["config"].get("rollout_steps") == 4,
-            f"metrics.json's config has rollout_steps {metrics['config'].get('rollout_steps')} "
-            f"(allowed: 4, the default) {task('14', 2)}")
-    require("4 rollout steps kept" in result.stdout,
-            f"the memory line does not count 4 rollout steps (wellfno.memory.check_step_fits' "
+    config = json.loads((out / "metrics.json").read_text())["config"]
+    said = (config.get("input_noise"), config.get("rollout_steps"), config.get("pushforward"))
+    require(said == (0.1, 1, False), f"metrics.json's config has input_noise, rollout_steps and "
+            f"pushforward {said} (allowed: the measured default, 0.1, 1 and false) {task('14', 4)}")
+
+
+def test_the_memory_line_counts_the_rollout_steps(script, tiny_data_dir, tmp_path):
+    result = run(script, "--data-dir", tiny_data_dir, "--out", tmp_path, *QUICK, "--max-steps",
+                 "1", "--rollout-steps", "3")
+    require(result.returncode == 0, f"--rollout-steps 3 stopped: {result.stderr.strip()[-300:]}")
+    require("3 rollout steps kept" in result.stdout,
+            f"the memory line does not count 3 rollout steps (wellfno.memory.check_step_fits' "
             f"rollout_steps) {task('14', 3)}")
 
 
@@ -260,15 +268,16 @@ def test_metrics_hold_the_whole_trajectorys_vrmse(default_run):
 
 @pytest.mark.slow
 def test_one_step_is_solution_13_bit_for_bit(script, tiny_data_dir, tmp_path):
-    """--rollout-steps 1 trains what solution 13 trains: the same weights after 2 steps."""
+    """One step without noise trains what solution 13 trains: the same weights after 2 steps."""
     runs = {}
-    for name, path, extra in (("yours", script, ("--rollout-steps", "1")),
+    for name, path, extra in (("yours", script, ("--rollout-steps", "1", *NO_NOISE)),
                               ("13", REPO / "solutions/13_domain_parallel/fno.py", ())):
         result = run(path, "--data-dir", tiny_data_dir, "--out", tmp_path / name, *QUICK, *extra)
         require(result.returncode == 0, f"{name} stopped: {result.stderr.strip()[-300:]}")
         runs[name] = parameters(tmp_path / name / "checkpoint.pt")
     differ = [k for k in runs["13"] if not torch.equal(runs["yours"][k], runs["13"][k])]
-    require(not differ, f"with --rollout-steps 1 the weights after 2 steps differ from solution "
+    require(not differ, f"with --rollout-steps 1 --input-noise 0 the weights after 2 steps differ "
+            f"from solution "
             f"13's in {len(differ)} tensors (first: {differ[:1]}): one step must be today's "
             f"training {task('14', 2)}")
 
@@ -289,11 +298,12 @@ def test_bad_values_are_one_line_and_write_nothing(script, tiny_data_dir, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", [(), ("--pushforward",), ("--input-noise", "0.1")])
+@pytest.mark.parametrize("variant", [(), ("--rollout-steps", "2", *NO_NOISE),
+                                     ("--rollout-steps", "2", "--pushforward")])
 def test_two_ranks_of_b_train_as_one_rank_of_2b(script, tiny_data_dir, tmp_path, variant):
     """The rollout loss under DDP (K forwards, one backward; pushforward's N the same on every
-    rank; each sample's noise the same on any number of ranks): 2 ranks x 2 equal 1 rank x 4
-    after 2 steps (SMALL: --n-steps-input 10, so K = 2)."""
+    rank; each sample's noise the same on any number of ranks, the default): 2 ranks x 2 equal 1
+    rank x 4 after 2 steps (SMALL: --n-steps-input 10 of 12 frames: K at most 2)."""
     common = ("--epochs", "1", "--max-steps", "2", *SMALL, *variant)
     one = launch(script, 0, "--data-dir", tiny_data_dir, "--out", tmp_path / "one", "--batch-size",
                  "4", *common)
@@ -306,7 +316,7 @@ def test_two_ranks_of_b_train_as_one_rank_of_2b(script, tiny_data_dir, tmp_path,
     require(worst <= 1e-5, f"2 ranks x 2 end {worst:.1e} (relative) from 1 rank x 4 (allowed: "
             f"1e-05) {task('14', 2)}")
     config = json.loads((tmp_path / "two" / "metrics.json").read_text())["config"]
-    assert config["rollout_steps"] == 2 and "training on 2-step rollouts" in two[0][1]
+    assert config["rollout_steps"] == (2 if variant else 1)
 
 
 # ------------------------------------------------------------------ the measurement (compare.py)
@@ -316,7 +326,7 @@ def test_compare_writes_every_run_and_the_verdict(tiny_data_dir, tmp_path):
     by wellfno.evaluate, the summary the mean of the runs, the figure and the results file."""
     results = tmp_path / "results.json"
     result = run(REPO / "solutions/14_long_rollouts/compare.py", "--variants", "fno.py",
-                 "unrolled-4", "--seeds", "0", "1", "--epochs", "1", "--data-dir", tiny_data_dir,
+                 "noise-0.1", "--seeds", "0", "1", "--epochs", "1", "--data-dir", tiny_data_dir,
                  "--out", tmp_path / "out", "--results", results, "--jobs", "2", timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads(results.read_text())
@@ -324,7 +334,7 @@ def test_compare_writes_every_run_and_the_verdict(tiny_data_dir, tmp_path):
     data = written["data"]
     assert (tmp_path / "out" / "compare.png").stat().st_size > 1000
     assert data["steps"] == 11 and data["trajectories"] == 2
-    for variant in ("fno.py", "unrolled-4"):
+    for variant in ("fno.py", "noise-0.1"):
         runs = data["runs"][variant]
         assert [r["seed"] for r in runs] == [0, 1]
         for r in runs:  # the run's own evaluation.json, read back
@@ -335,16 +345,17 @@ def test_compare_writes_every_run_and_the_verdict(tiny_data_dir, tmp_path):
         summary = data["summary"][variant]
         assert summary["whole_trajectory"] == pytest.approx(
             sum(r["whole_trajectory"] for r in runs) / 2, rel=1e-12)
-    assert data["runs"]["unrolled-4"][0]["flops_per_sample"] > 0
+    assert data["runs"]["noise-0.1"][0]["flops_per_sample"] > 0
     assert data["runs"]["fno.py"][0]["flops_per_sample"] is None  # fno.py counts none
     verdict = data["verdict"]
-    assert verdict["variant"] == "unrolled-4" and verdict["step_1_ratio"] == pytest.approx(
-        data["summary"]["unrolled-4"]["step_1"] / data["summary"]["fno.py"]["step_1"])
-    assert "issue 36's conditions on unrolled-4" in result.stdout
+    assert verdict["variant"] == "noise-0.1" and verdict["step_1_ratio"] == pytest.approx(
+        data["summary"]["noise-0.1"]["step_1"] / data["summary"]["fno.py"]["step_1"])
+    assert "issue 36's conditions on noise-0.1" in result.stdout
 
 
 def test_compare_knows_the_solutions_default():
-    """compare.py's DEFAULT names the variant whose flags are solution 14's defaults."""
+    """compare.py's DEFAULT is the variant run with no flags, and every other variant's flags are
+    options solution 14 has."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("compare14", REPO / "solutions/14_long_rollouts/compare.py")
@@ -353,9 +364,7 @@ def test_compare_knows_the_solutions_default():
     spec = importlib.util.spec_from_file_location("solution14", REPO / STEPS_14)
     solution = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(solution)
-    defaults = solution.parse_args(["--out", "x"])
-    flags = dict(zip(compare.VARIANTS[compare.DEFAULT][1][::2], compare.VARIANTS[compare.DEFAULT][1][1::2]))
-    assert int(flags.get("--rollout-steps", 0)) == unrolled.DEFAULT_ROLLOUT_STEPS
-    assert defaults.rollout_steps is None  # the default, DEFAULT_ROLLOUT_STEPS where it fits
-    assert float(flags.get("--input-noise", 0)) == defaults.input_noise
-    assert ("--pushforward" in compare.VARIANTS[compare.DEFAULT][1]) == defaults.pushforward
+    assert compare.VARIANTS[compare.DEFAULT] == (compare.SOLUTION, ())
+    for name, (path, flags) in compare.VARIANTS.items():
+        if path == compare.SOLUTION:
+            solution.parse_args([*flags, "--out", "x"])  # argparse exits on an unknown option

@@ -103,7 +103,7 @@ CHANGES = {
     },
     "14_long_rollouts": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
-        "train": ["if note := unrolled.check_arguments(", 'splits["train"] = unrolled.training_split(',
+        "train": ["unrolled.check_arguments(", 'splits["train"] = unrolled.training_split(',
                   "rollout_loss = ", "log(memory.check_step_fits(", "targets = ", "counted = ",
                   "row = train_one_epoch(", "whole = ", 'print(f"whole trajectory',
                   'atomic_write_json(out / "eval.json"', 'atomic_write_json(out / "metrics.json"'],
@@ -373,7 +373,7 @@ IDEAS = {
     "07_failures": "failures that end every rank", "08_host_syncs": "no host sync",
     "09_mixed_precision": "mixed precision", "10_mfu": "MFU", "11_compile": "torch.compile",
     "12_checkpointing": "activation checkpointing", "13_domain_parallel": "domain parallelism",
-    "14_long_rollouts": "its own rollouts",
+    "14_long_rollouts": "long rollouts",
 }
 
 
