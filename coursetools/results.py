@@ -113,10 +113,11 @@ RUNTIME_COMMANDS = [
            "--epochs 1"),
     ("13", "{py} -m torch.distributed.run --standalone --nproc_per_node=2 "
            "solutions/13_domain_parallel/fno.py --domain-size 2 --data-dir {D} --out {OUT}/13 --epochs 1"),
+    ("14", "{py} solutions/14_long_rollouts/fno.py --data-dir {D} --out {OUT}/14 --epochs 1"),
     ("notebooks", "{py} -m pytest -q tests/test_notebooks.py"),
 ]
 
-TRAINING_STEPS = ("05", "06", "07", "08", "09", "10", "11", "12", "13")  # their metrics.json: samples/s
+TRAINING_STEPS = ("05", "06", "07", "08", "09", "10", "11", "12", "13", "14")  # their metrics.json: samples/s
 
 
 CPU_ONLY_STEPS = ("data", "04")   # these commands never use a GPU: nothing to measure there

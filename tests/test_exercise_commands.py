@@ -12,7 +12,7 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
   check-your-work commands, which the suite runs anyway); always give the reason.
   `<!-- ci: fails (reason) -->`: must exit non-zero (a "break it" recipe).
 - The participant's own file is in place, finished, before the blocks run: PARTICIPANT maps
-  each exercise to (path in the copy, the finished file). For 01-03 and 05-13 that is `fno.py`
+  each exercise to (path in the copy, the finished file). For 01-03 and 05-14 that is `fno.py`
   = the step's solution; for 04 `my_stats.py` = the starter with the test's answers
   (tests/test_stats_distributed.py: finished_starter).
 - Data: WELL_DATA is the tiny generated dataset (the `tiny_data_dir` fixture, 16x16 cells,
@@ -64,7 +64,7 @@ PARTICIPANT = {
     **{step: ("fno.py", lambda tmp, step=step: REPO / STEPS[step])
        for step in ("05_ddp", "06_exact_metrics", "07_failures", "08_host_syncs",
                     "09_mixed_precision", "10_mfu", "11_compile", "12_checkpointing",
-                    "13_domain_parallel")},
+                    "13_domain_parallel", "14_long_rollouts")},
 }
 EXERCISES = list(PARTICIPANT)
 # the exercises whose README has `## Tasks (N minutes)` and a slot in INSTRUCTORS.md's agenda

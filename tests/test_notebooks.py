@@ -25,11 +25,13 @@ RESULTS = REPO / "exercises" / "results.ipynb"
 NOTEBOOKS = [EXPLORE, RESULTS]
 # Sections of the results notebook; each prints "note: no <what> under ..." when its files are missing.
 SECTIONS = ("metrics.json", "profiler traces", "throughput.json", "scripts.json", "affinity_report.txt",
-            "statistics benchmark JSON", "stats*.yaml", "scaling.json", "efficiency.json")
+            "statistics benchmark JSON", "stats*.yaml", "scaling.json", "efficiency.json",
+            "compare.json")
 # results files of tools that run for minutes, copied into the runs folder: name there -> file
 COMMITTED = {"scaling/scaling.json": REPO / "results" / "05_ddp_scaling.json",
              "ex11/efficiency.json": REPO / "results" / "efficiency_cpu" / "efficiency.json",
-             "ex11/efficiency.png": REPO / "results" / "efficiency_cpu" / "efficiency.png"}
+             "ex11/efficiency.png": REPO / "results" / "efficiency_cpu" / "efficiency.png",
+             "compare14/compare.json": REPO / "results" / "14_long_rollouts.json"}
 
 
 def execute(path: Path, monkeypatch, **env) -> nbformat.NotebookNode:
@@ -146,8 +148,9 @@ def test_results_notebook_plots_every_run(runs_dir, monkeypatch):
     metrics = json.loads((runs / "baseline" / "metrics.json").read_text())
     assert f"{metrics['samples_per_second']:10.1f}" in text  # the baseline's row of the table
     expected = {"metrics.json": 2, "throughput.json": 1, "scripts.json": 1,  # figures
-                "statistics benchmark JSON": 1, "scaling.json": 1, "efficiency.json": 1}
-    present = {"metrics.json", "scaling.json", "efficiency.json"}
+                "statistics benchmark JSON": 1, "scaling.json": 1, "efficiency.json": 1,
+                "compare.json": 1}
+    present = {"metrics.json", "scaling.json", "efficiency.json", "compare.json"}
     if "throughput" in made:
         present.add("throughput.json")
     if "scripts" in made:
@@ -174,6 +177,9 @@ def test_results_notebook_plots_every_run(runs_dir, monkeypatch):
         elif row["against"]:  # each row against the one it builds on: 08 on 07; 09, 10, 11 on 08
             speedup = f"{row['speedup']:.2f}x vs {row['against']} ({row['speedup_of']})"
             assert speedup in text, (row["row"], speedup)
+    long_rollouts = json.loads((runs / "compare14" / "compare.json").read_text())["data"]
+    for variant, s in long_rollouts["summary"].items():  # each variant's row of exercise 14's table
+        assert f"{variant:<18}{s['whole_trajectory']:10.3f}{s['step_1']:9.4f}" in text, variant
 
 
 @pytest.mark.slow  # executes a notebook
