@@ -41,6 +41,8 @@ VARIANTS = [(step, ()) for step in STEPS] + [
     ("09_mixed_precision", ("--amp", "fp16")),  # GradScaler over the model's real weights
     ("09_mixed_precision", ("--amp", "bf16")),  # refused in one line on a CPU without bf16 units
     ("11_compile", ("--compile",)),
+    ("14_long_rollouts", ("--rollout-steps", "2")),  # K forwards before one backward
+    ("14_long_rollouts", ("--rollout-steps", "2", "--pushforward")),  # no_grad steps first
 ]
 
 
