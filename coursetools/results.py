@@ -750,11 +750,12 @@ def long_rollouts_table(root: Path) -> str:
     persistence = d["persistence"]["whole_trajectory"]
     rows = []
     for name, s in d["summary"].items():
-        flags = " ".join(d["variants"][name]["flags"]) or "(its defaults)"
+        flags = " ".join(d["variants"][name]["flags"])
         label = f"**{name}** (the default)" if name == d["default_variant"] else name
         rate = f"{s['samples_per_second']:.1f}" if s["samples_per_second"] else "-"
         flops = f"{s['flops_per_sample'] / 1e6:.0f}" if s["flops_per_sample"] else "-"
-        rows.append([label, f"`{d['variants'][name]['script']} {flags}`",
+        rows.append([label, f"`{d['variants'][name]['script']} {flags}`".replace(" `", "`")
+                     + ("" if flags else " (its defaults)"),
                      f"{s['whole_trajectory']:.3f}",
                      " / ".join(f"{v:.3f}" for v in s["whole_trajectory_by_seed"]),
                      f"{s['step_1']:.4f}", f"{s['worst_step_over_persistence']:.2f}", rate, flops,
@@ -784,7 +785,7 @@ def long_rollouts_readme_row(result: dict) -> list[str]:
     if today:
         said += (f" and {today['whole_trajectory']:.3f} for `fno.py` (mean of {len(d['seeds'])} "
                  f"seeds); step 1 {chosen['step_1']:.4f} vs {today['step_1']:.4f}")
-    return ["14", f"`{result['command']}` ([exercise 14](exercises/14_long_rollouts/README.md"
+    return ["14", f"`{result['command']}` ([exercise 14](exercises/14_long_rollouts/background.md"
             "#what-you-should-see))", said + "; GPU: the same command, to be measured"]
 
 

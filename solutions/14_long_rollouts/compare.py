@@ -211,22 +211,22 @@ def verdict(summary: dict, persistence: float, chosen: str) -> dict | None:
 
 
 def table(summary: dict, persistence: float, steps: int) -> str:
-    lines = [f"{'variant':<15}{'all ' + str(steps) + ' steps':>13}{'by seed':>22}{'step 1':>9}"
+    lines = [f"{'variant':<18}{'all ' + str(steps) + ' steps':>13}{'by seed':>22}{'step 1':>9}"
              f"{'worst/pers.':>12}{'samples/s':>11}{'MFLOP/sample':>14}{'peak MB':>9}"]
     for name, s in summary.items():
         seeds = "/".join(f"{v:.3f}" for v in s["whole_trajectory_by_seed"])
         flops = f"{s['flops_per_sample'] / 1e6:.0f}" if s["flops_per_sample"] else "-"
         memory = f"{s['peak_memory_bytes'] / 1e6:.0f}" if s["peak_memory_bytes"] else "-"
         rate = f"{s['samples_per_second']:.1f}" if s["samples_per_second"] else "-"
-        lines.append(f"{name:<15}{s['whole_trajectory']:>13.4f}{seeds:>22}{s['step_1']:>9.4f}"
+        lines.append(f"{name:<18}{s['whole_trajectory']:>13.4f}{seeds:>22}{s['step_1']:>9.4f}"
                      f"{s['worst_step_over_persistence']:>12.2f}{rate:>11}{flops:>14}{memory:>9}")
-    lines.append(f"{'persistence':<15}{persistence:>13.4f}")
+    lines.append(f"{'persistence':<18}{persistence:>13.4f}")
     return "\n".join(lines)
 
 
 def figure(summary: dict, persistence_curve: list, path: Path, title: str) -> None:
     plt = plots.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
     steps = range(1, len(persistence_curve) + 1)
     for name, s in summary.items():
         ax.plot(steps, s["per_step"], label=f"{name} ({s['whole_trajectory']:.3f})",
@@ -234,11 +234,18 @@ def figure(summary: dict, persistence_curve: list, path: Path, title: str) -> No
     ax.plot(steps, persistence_curve, "k--", label=f"persistence ({mean(persistence_curve):.3f})")
     ax.set_yscale("log")
     ax.set_xlabel("rollout step")
-    ax.set_ylabel("VRMSE (The Well's), mean over seeds and trajectories")
-    ax.set_title(title, fontsize=9)
+    ax.set_ylabel("VRMSE (The Well's; mean over seeds)")
+    ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8, title="variant (mean over all steps)", title_fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     plots.save_png(fig, path)
+
+
+def figure_title(result: dict) -> str:
+    d = result["data"]
+    return (f"{d['dataset']}, {d['trajectories']} validation trajectories, seeds "
+            f"{'/'.join(map(str, d['seeds']))}, {d['epochs']} epochs\n"
+            f"{describe(result['machine'])}")
 
 
 def main(argv=None):
@@ -289,11 +296,10 @@ def main(argv=None):
                              for v, s, p in runs})
     written = write_result(out / "compare.json", command, payload)
     result = read_result(written)
-    title = (f"{args.dataset}, {first['trajectories']} validation trajectories, seeds "
-             f"{'/'.join(map(str, args.seeds))}; {describe(result['machine'])}")
-    figure(summary, persistence_curve, out / "compare.png", title)
-    if args.results:
-        write_result(args.results, command, payload)
+    figure(summary, persistence_curve, out / "compare.png", figure_title(result))
+    if args.results:  # the results file, and its figure beside it (results/14_long_rollouts.png)
+        figure(summary, persistence_curve, Path(args.results).with_suffix(".png"),
+               figure_title(read_result(write_result(args.results, command, payload))))
     print(table(summary, persistence, first["steps"]))
     if check:
         print("issue 36's conditions on " + DEFAULT + ": " + ", ".join(
