@@ -1,4 +1,4 @@
-"""Exercise 14's training on the model's own rollouts: the loss over K autoregressive steps.
+"""Exercise 14's training for long rollouts: noisy inputs, or the loss over K of its own steps.
 
 A model trained on one step from true frames only ever sees true inputs; rolled out, it is fed its
 own predictions, whose small errors it never learned to correct, and they grow step after step
