@@ -18,7 +18,7 @@ import json
 import pytest
 import torch
 
-from tests.checks import require, require_refused, task
+from tests.checks import require, require_refused, require_run, task
 from tests.conftest import PYTHON, REPO
 from tests.test_05_ddp import SMALL, SMALL_MODEL, assert_ok, launch, max_relative_difference, parameters
 from wellfno import flops, memory, unrolled
@@ -235,7 +235,7 @@ def default_run(script, tiny_data_dir, tmp_path_factory):
 def test_the_default_trains_one_step_on_noisy_inputs(default_run):
     """The measured choice (compare.py): input noise 0.1, one step; metrics.json's config says so."""
     out, result = default_run
-    require(result.returncode == 0, f"the script stopped: {result.stderr.strip()[-300:]}")
+    require_run(result, "the script", f"it must train with its defaults {task('14', 4)}")
     config = json.loads((out / "metrics.json").read_text())["config"]
     said = (config.get("input_noise"), config.get("rollout_steps"), config.get("pushforward"))
     require(said == (0.1, 1, False), f"metrics.json's config has input_noise, rollout_steps and "
@@ -245,7 +245,7 @@ def test_the_default_trains_one_step_on_noisy_inputs(default_run):
 def test_the_memory_line_counts_the_rollout_steps(script, tiny_data_dir, tmp_path):
     result = run(script, "--data-dir", tiny_data_dir, "--out", tmp_path, *QUICK, "--max-steps",
                  "1", "--rollout-steps", "3")
-    require(result.returncode == 0, f"--rollout-steps 3 stopped: {result.stderr.strip()[-300:]}")
+    require_run(result, "--rollout-steps 3", f"train on a 3-step rollout {task('14', 2)}")
     require("3 rollout steps kept" in result.stdout,
             f"the memory line does not count 3 rollout steps (wellfno.memory.check_step_fits' "
             f"rollout_steps) {task('14', 3)}")
@@ -253,7 +253,7 @@ def test_the_memory_line_counts_the_rollout_steps(script, tiny_data_dir, tmp_pat
 
 def test_metrics_hold_the_whole_trajectorys_vrmse(default_run):
     out, result = default_run
-    require(result.returncode == 0, f"the script stopped: {result.stderr.strip()[-300:]}")
+    require_run(result, "the script", f"it must train with its defaults {task('14', 4)}")
     metrics = json.loads((out / "metrics.json").read_text())
     for key, curve in (("whole_trajectory_vrmse", "rollout_vrmse"),
                        ("persistence_whole_trajectory_vrmse", "persistence_vrmse")):
@@ -273,7 +273,8 @@ def test_one_step_is_solution_13_bit_for_bit(script, tiny_data_dir, tmp_path):
     for name, path, extra in (("yours", script, ("--rollout-steps", "1", *NO_NOISE)),
                               ("13", REPO / "solutions/13_domain_parallel/fno.py", ())):
         result = run(path, "--data-dir", tiny_data_dir, "--out", tmp_path / name, *QUICK, *extra)
-        require(result.returncode == 0, f"{name} stopped: {result.stderr.strip()[-300:]}")
+        require_run(result, f"{name} with {' '.join(extra) or 'its defaults'}",
+                    f"one step without noise must train {task('14', 2)}")
         runs[name] = parameters(tmp_path / name / "checkpoint.pt")
     differ = [k for k in runs["13"] if not torch.equal(runs["yours"][k], runs["13"][k])]
     require(not differ, f"with --rollout-steps 1 --input-noise 0 the weights after 2 steps differ "
