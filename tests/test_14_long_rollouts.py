@@ -174,6 +174,29 @@ def test_the_noise_of_a_sample_is_the_same_for_any_number_of_ranks():
     assert not torch.equal(noise(x, share=(0, 1)), noise(x[:2], share=(0, 2)).repeat(2, 1, 1, 1))
 
 
+def test_each_epoch_draws_from_its_own_seed():
+    """A run resumed after epoch 1 (a fresh RolloutLoss, set_epoch(2)) draws the noise and the
+    pushforward N a straight run draws in epoch 2, whatever epoch 1 drew."""
+    model = small_model()
+    frames, constants, targets = sample(steps=4)
+    x = model_inputs(frames, constants)
+
+    def make():
+        return RolloutLoss(model.loss, model.last_frame.stop, 4, pushforward=True, noise=0.1, seed=3)
+    straight, resumed = make(), make()
+    straight.set_epoch(1)
+    for _ in range(3):  # epoch 1's batches
+        straight.add_noise(x), torch.randint(4, (), generator=straight.generator)
+    straight.set_epoch(2)
+    resumed.set_epoch(2)
+    assert torch.equal(straight.add_noise(x), resumed.add_noise(x))
+    assert torch.equal(torch.randint(4, (9,), generator=straight.generator),
+                       torch.randint(4, (9,), generator=resumed.generator))
+    fresh = make()
+    fresh.set_epoch(1)
+    assert not torch.equal(fresh.add_noise(x), resumed.add_noise(x))
+
+
 def test_the_flops_of_k_steps():
     """Unrolled: one step's forward and backward, then K - 1 more whose backward also runs back
     into their input (a prediction: the chain through time); pushforward: one step's plus, on

@@ -104,7 +104,7 @@ CHANGES = {
     "14_long_rollouts": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "train": ["unrolled.check_arguments(", 'splits["train"] = unrolled.training_split(',
-                  "rollout_loss = ", "log(memory.check_step_fits(", "targets = ", "counted = ",
+                  "rollout_loss = ", "rollout_loss.set_epoch(", "log(memory.check_step_fits(", "targets = ", "counted = ",
                   "row = train_one_epoch(", "whole = ", 'print(f"whole trajectory',
                   'atomic_write_json(out / "eval.json"', 'atomic_write_json(out / "metrics.json"'],
     },

@@ -111,12 +111,21 @@ class RolloutLoss:
         # batch's size or device, so that 2 ranks x b trains as 1 rank x 2b)
         self.generator = torch.Generator().manual_seed(seed)
         self.noise_generator = None  # on the batch's device, made at the first batch
+        self.epoch_seed = seed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Both generators start each epoch from (seed, epoch), as DistributedSampler's shuffle
+        does: a run resumed after epoch E draws what a straight run draws from epoch E + 1."""
+        self.epoch_seed = (self.seed + epoch * 0x9E3779B97F4A7C15) % 2**64
+        self.generator.manual_seed(self.epoch_seed)
+        if self.noise_generator is not None:
+            self.noise_generator.manual_seed(self.epoch_seed)
 
     def add_noise(self, x: torch.Tensor) -> torch.Tensor:
         if not self.noise:
             return x
         if self.noise_generator is None:  # drawn where x lives: no host-to-device copy per step
-            self.noise_generator = torch.Generator(x.device).manual_seed(self.seed)
+            self.noise_generator = torch.Generator(x.device).manual_seed(self.epoch_seed)
         index, groups = self.share
         frames = x[:, :self.frame_channels]
         rows = self.slab.n if self.slab is not None else frames.shape[2]
