@@ -2,8 +2,14 @@
 
 A host sync is one of:
   - `aten::_local_scalar_dense`: the op behind `.item()`, `float(t)`, `if t:`: a read-back of one
-    number. Inside the optimizer's own `Optimizer.step#...` range it is not counted when it touches
-    no device: Adam and friends keep their step counters on the CPU and read them with `.item()`;
+    number. On a GPU trace (one with runtime calls or device work) it counts only where it reads
+    the device: a runtime call inside it (on CUDA, `_local_scalar_dense_cuda` is a cudaMemcpyAsync
+    and a stream synchronize: aten/src/ATen/native/cuda/CUDAScalar.cu); a CPU tensor's `.item()`
+    (a CPU generator's draw, a CPU counter) calls no runtime and never waits for the device (step
+    14's --pushforward drew its N that way every step). A CPU trace cannot tell them apart
+    (every tensor is on the CPU): there every read-back counts, as it would on a GPU, except inside
+    the optimizer's own `Optimizer.step#...` range: Adam and friends keep their step counters on
+    the CPU and read them with `.item()`;
   - a blocking runtime call: cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize
     (and their driver and HIP names);
   - a `cuda_sync` record of CUPTI (Stream Sync, Context Sync, Event Sync; not "Stream Wait Event",
@@ -97,11 +103,24 @@ def host_syncs(trace: dict) -> list[dict]:
     """
     events = traces.complete_events(trace)
     lanes = _Lanes(events)
+    calls = defaultdict(list)  # per host thread: the start of each runtime / driver call
+    for e in events:
+        if traces.category(e) in traces.RUNTIME_CATEGORIES:
+            calls[(e.get("pid"), e.get("tid"))].append(e["ts"])
+    for starts in calls.values():
+        starts.sort()
+    # a GPU trace: read-backs are known by the device calls in them (a CPU trace has none at all)
+    gpu_trace = bool(calls) or any(traces.category(e) in traces.DEVICE_CATEGORIES for e in events)
     signals = []  # (lane, ts, label, touches_device, fallback_name)
     for e in events:
         lane, cat, name = (e.get("pid"), e.get("tid")), traces.category(e), str(e.get("name", ""))
         if cat == "cpu_op" and name == READ_BACK_OP:
-            signals.append((lane, e["ts"], READ_BACK_OP, False, name))
+            # a runtime call inside it (a copy, a synchronize): it read the device. Also where the
+            # trace lost the copy's device record (ROCm's hipMemcpyWithStream blocks by itself).
+            starts = calls.get(lane, [])
+            i = bisect.bisect_left(starts, e["ts"])
+            reads_device = i < len(starts) and starts[i] < e["ts"] + e["dur"]
+            signals.append((lane, e["ts"], READ_BACK_OP, reads_device, name))
         elif cat in traces.RUNTIME_CATEGORIES and name in SYNC_CALLS:
             signals.append((lane, e["ts"], name, True, name))
     for e, launcher in traces.launches(trace):
@@ -131,7 +150,9 @@ def host_syncs(trace: dict) -> list[dict]:
                                             in_optimizer=lanes.in_optimizer(lane, ts)))
         group["signals"].append(label)
         group["device"] |= touches_device
-    kept = [g for g in groups.values() if g["device"] or not g["in_optimizer"]]
+    # On a GPU trace a read-back that touched no device read host memory: not a sync. On a CPU
+    # trace it stands for the GPU's, but for the optimizer's CPU step counters.
+    kept = [g for g in groups.values() if g["device"] or not (gpu_trace or g["in_optimizer"])]
     for g in kept:
         g["signals"] = sorted(set(g["signals"]))
         del g["device"], g["in_optimizer"]

@@ -201,6 +201,42 @@ def test_host_syncs_per_step_count_read_backs_but_not_adams_counter(tmp_path):
     assert [r["syncs"] for r in summary["steps"]] == [1] * ACTIVE
 
 
+def gpu_step_with_two_read_backs(with_device: bool = True) -> dict:
+    """One CUDA step as Kineto writes it (tests/test_gpu_traces.py has the categories): loss.item()
+    (an aten::item whose _local_scalar_dense makes a cudaMemcpyAsync, its DtoH copy, and a
+    cudaStreamSynchronize) and a CPU generator's int(torch.randint(...)) (an aten::item with no
+    runtime call at all: step 14's --pushforward drew its N so, every step). `with_device=False`:
+    the same host ops without a runtime call or device record, as a CPU trace has them."""
+    host = dict(pid=1, tid=1)
+    events = [dict(ph="X", cat="user_annotation", name="ProfilerStep#3", ts=0, dur=1000, **host),
+              dict(ph="X", cat="cpu_op", name="aten::item", ts=100, dur=10, **host),
+              dict(ph="X", cat="cpu_op", name="aten::_local_scalar_dense", ts=101, dur=8, **host),
+              dict(ph="X", cat="cpu_op", name="aten::item", ts=500, dur=60, **host),
+              dict(ph="X", cat="cpu_op", name="aten::_local_scalar_dense", ts=501, dur=58, **host)]
+    if with_device:
+        events += [dict(ph="X", cat="cuda_runtime", name="cudaMemcpyAsync", ts=505, dur=10,
+                        args=dict(correlation=7), **host),
+                   dict(ph="X", cat="gpu_memcpy", name="Memcpy DtoH (Device -> Pageable)", ts=520,
+                        dur=2, pid=0, tid=7, args=dict(correlation=7)),
+                   dict(ph="X", cat="cuda_runtime", name="cudaStreamSynchronize", ts=516, dur=40,
+                        args=dict(correlation=8), **host)]
+    return {"traceEvents": events}
+
+
+def test_a_cpu_tensors_read_back_is_no_sync_on_a_gpu_trace():
+    # On the GPU trace: loss.item() (copy + stream sync) is the one sync; the CPU draw at 100 us,
+    # which waits for no device, is none (before: 2 per step, one a "sync" that never waits).
+    (row,) = syncs.host_syncs_per_step(gpu_step_with_two_read_backs())
+    assert (row["syncs"], row["where"]) == (1, {"aten::item": 1})
+    (found,) = syncs.host_syncs(gpu_step_with_two_read_backs())
+    assert found["ts"] == 500 and found["signals"] == [
+        "DtoH copy", "aten::_local_scalar_dense", "cudaStreamSynchronize"]
+    # A CPU trace cannot tell the two apart (every tensor is on the CPU): both count, as the
+    # course's CPU checks of a GPU habit need (exercise 08).
+    (row,) = syncs.host_syncs_per_step(gpu_step_with_two_read_backs(with_device=False))
+    assert (row["syncs"], row["where"]) == (2, {"aten::item": 2})
+
+
 def ddp_worker(rank, world_size, out):
     """Rank of a 2-process gloo DDP run: 5 steps, the last 3 profiled, the middle one under no_sync()."""
     import torch.distributed as dist

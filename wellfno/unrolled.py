@@ -112,14 +112,34 @@ class RolloutLoss:
         self.generator = torch.Generator().manual_seed(seed)
         self.noise_generator = None  # on the batch's device, made at the first batch
         self.epoch_seed = seed
+        self.draws: list[int] = []  # the N of the steps to come, drawn ahead (set_epoch)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, steps: int = 1024) -> None:
         """Both generators start each epoch from (seed, epoch), as DistributedSampler's shuffle
-        does: a run resumed after epoch E draws what a straight run draws from epoch E + 1."""
+        does: a run resumed after epoch E draws what a straight run draws from epoch E + 1.
+        With --pushforward, the N of the epoch's `steps` steps are drawn here, up front."""
         self.epoch_seed = (self.seed + epoch * 0x9E3779B97F4A7C15) % 2**64
         self.generator.manual_seed(self.epoch_seed)
         if self.noise_generator is not None:
             self.noise_generator.manual_seed(self.epoch_seed)
+        self.draws = []
+        if self.pushforward:
+            self.draw_ahead(steps)
+
+    def draw_ahead(self, steps: int) -> None:
+        # One draw of `steps` N, outside the training step: int(torch.randint(...)) in the step
+        # was an `aten::_local_scalar_dense` (`.item()`) every step, a "host sync" to
+        # profiling/syncs.py on a CPU trace that never waits for a device. tolist() reads the CPU
+        # tensor without an aten op, and CPU randint draws element after element from the
+        # generator (aten/src/ATen/native/cpu/DistributionTemplates.h: random_from_to_kernel is a
+        # cpu_serial_kernel), so the N are those that one draw per step gave, in the same order.
+        self.draws = torch.randint(self.steps, (max(steps, 1),), generator=self.generator).tolist()
+        self.draws.reverse()  # pop() from the end: the first drawn first
+
+    def next_rolled_out(self) -> int:
+        if not self.draws:  # more steps than drawn (no set_epoch, or a longer epoch): more
+            self.draw_ahead(1024)
+        return self.draws.pop()
 
     def add_noise(self, x: torch.Tensor) -> torch.Tensor:
         if not self.noise:
@@ -143,8 +163,7 @@ class RolloutLoss:
                  rolled_out: int | None = None) -> torch.Tensor:
         x = self.add_noise(x)
         if self.pushforward:  # N steps without gradients, then one trained step from there
-            n = rolled_out if rolled_out is not None else int(
-                torch.randint(self.steps, (), generator=self.generator))
+            n = rolled_out if rolled_out is not None else self.next_rolled_out()
             with torch.no_grad():
                 for _ in range(n):
                     x = next_input(x, model(x), self.frame_channels)

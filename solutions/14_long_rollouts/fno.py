@@ -263,7 +263,7 @@ def train(args, env, backend, device):
         if args.max_steps and step >= args.max_steps:
             break
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, else each repeats the first
-        rollout_loss.set_epoch(epoch)  # noise and N by epoch too: a resumed run draws the same
+        rollout_loss.set_epoch(epoch, len(train_loader))  # noise, N by epoch: resumed draws alike
         left_out = (samples_left_out(train_sampler) if len(splits["train"]) % layout.data_size
                     else [])
         if left_out:
