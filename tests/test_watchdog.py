@@ -26,11 +26,22 @@ from wellfno.watchdog import PeerFailed, Watchdog, describe, is_communication_er
 FAST = dict(heartbeat_s=0.05, dead_after_s=0.6, grace_s=0.3)
 
 
+class TimedText(io.StringIO):
+    """A rank's stderr that remembers when something was first written to it."""
+
+    first_write = None
+
+    def write(self, text):
+        if text and self.first_write is None:
+            self.first_write = time.monotonic()
+        return super().write(text)
+
+
 class Rank:
     """One simulated rank: a watchdog with a recorded hard exit and its own output."""
 
     def __init__(self, rank, world, store, **kwargs):
-        self.out = io.StringIO()
+        self.out = TimedText()
         self.killed = threading.Event()  # set by the watchdog's hard exit
         self.exit_codes = []
         self.outcome = None  # "ok", ("exit", code) or the exception that left the rank
@@ -38,6 +49,7 @@ class Rank:
 
         def hard_exit(code):
             self.exit_codes.append(code)
+            self.ended_at = time.monotonic()
             self.killed.set()
 
         self.watchdog = Watchdog(rank, world, store, hard_exit=hard_exit, out=self.out, **{**FAST, **kwargs})
@@ -51,13 +63,39 @@ class Rank:
             self.outcome = ("exit", err.code)
         except BaseException as err:  # noqa: BLE001 - recorded for the test
             self.outcome = err
-        self.ended_at = time.monotonic()
+        self.ended_at = self.ended_at or time.monotonic()
+
+    @property
+    def left_with_an_error(self):
+        """It ended with a non-zero code: under srun --kill-on-bad-exit=1 its exit ends every other rank."""
+        return bool(self.exit_codes) or (self.outcome is not None and self.outcome != "ok"
+                                         and self.outcome not in (("exit", 0), ("exit", None)))
 
 
-def run_ranks(bodies, **kwargs):
-    """Run one body per rank in threads; return the Ranks and the start time."""
+class SlowToLearn:
+    """The store as one rank's watchdog thread sees it on a busy machine: its first read of the
+    posted failure comes `delay` s late (the thread was descheduled; its heartbeat stops meanwhile)."""
+
+    def __init__(self, store, delay):
+        self._store, self._delay = store, delay
+
+    def get(self, key):
+        if key.endswith("/failed") and self._delay:
+            time.sleep(self._delay)
+            self._delay = 0
+        return self._store.get(key)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def run_ranks(bodies, slow_to_learn=(), **kwargs):
+    """Run one body per rank in threads; return the Ranks and the start time.
+
+    slow_to_learn: {rank: delay}: that rank's watchdog reads the posted failure `delay` s late."""
     store = dist.HashStore()
-    ranks = [Rank(r, len(bodies), store, **kwargs) for r in range(len(bodies))]
+    ranks = [Rank(r, len(bodies), SlowToLearn(store, dict(slow_to_learn).get(r, 0)), **kwargs)
+             for r in range(len(bodies))]
     threads = [threading.Thread(target=rank.run, args=(body,)) for rank, body in zip(ranks, bodies) if body]
     started = time.monotonic()
     for t in threads:
@@ -153,6 +191,58 @@ def test_a_collective_error_from_a_dead_peer_blames_the_peer():
     ranks, _ = run_ranks([sees_reset, dies, train()])
     assert ranks[0].outcome == ("exit", 1)
     assert len(lines(ranks)) == 1 and lines(ranks)[0].startswith("error: rank 1 stopped responding")
+
+
+# --------------------------------------------------------------------------- the line before any exit
+# Under srun --kill-on-bad-exit=1 (07_failures_2nodes.sbatch; torchrun alike) the first task that
+# exits non-zero has the whole step terminated at once. The line must be out by then, however late
+# the reporting rank learns of the failure. Each test below makes the reporter learn late (its
+# watchdog thread descheduled for 0.6 s, as on a busy 2-core machine), which a fixed wait of
+# grace_s (0.3 s) in the other ranks lost every time: the job ended with no line naming the rank.
+LATE = dict(heartbeat_s=0.05, dead_after_s=1.5, grace_s=0.3)
+
+
+def test_a_lost_node_is_named_before_any_rank_leaves_when_the_reporter_learns_late():
+    """07_failures_2nodes's lost node: ranks 2 and 3 vanish, the collectives of ranks 0 and 1 fail
+    at once with gloo's reset; rank 1 (watching rank 2) names it; rank 0 prints the line."""
+    node_lost = threading.Event()
+
+    def survivor(wd, rank):
+        node_lost.wait(5)
+        time.sleep(0.05)
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:598] Read error [10.0.0.2]:4242: Connection reset by peer")
+
+    def on_the_lost_node(wd, rank):
+        time.sleep(0.2)
+        die(wd)
+        node_lost.set()
+
+    ranks, _ = run_ranks([survivor, survivor, on_the_lost_node, on_the_lost_node], slow_to_learn={0: 0.6}, **LATE)
+    assert ranks[0].outcome == ("exit", 1) and ranks[1].outcome == ("exit", 1)
+    assert len(lines(ranks)) == 1 and lines(ranks)[0].startswith("error: rank 2 stopped responding"), lines(ranks)
+    assert lines(ranks) == [ranks[0].out.getvalue().strip()]
+    first_exit = min(r.ended_at for r in ranks[1:2])  # srun ends the step when rank 1 leaves
+    assert ranks[0].out.first_write < first_exit, "rank 1 left (and srun ended rank 0) before the line"
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_failing_rank_leaves_only_after_the_line_is_out(failing):
+    """The rank that raised exits 1 with its own error; that exit ends the reporter under srun -K,
+    so it waits for the reporter's line (rank 0's, or rank 1's when rank 0 failed: the store's host)."""
+    reporter = 1 if failing == 0 else 0
+
+    def raises(wd, rank):
+        time.sleep(0.2)
+        raise ValueError("loss is nan")
+
+    bodies = [train(), train(), train()]
+    bodies[failing] = raises
+    ranks, _ = run_ranks(bodies, slow_to_learn={reporter: 0.6}, **LATE)
+    assert isinstance(ranks[failing].outcome, ValueError)
+    assert lines(ranks) == [f"error: rank {failing} failed: ValueError: loss is nan; stopped all 3 ranks"]
+    assert ranks[reporter].out.first_write is not None
+    first_exit = min(r.ended_at for r in ranks if r.left_with_an_error and r is not ranks[reporter])
+    assert ranks[reporter].out.first_write < first_exit, "a rank left (and srun ended the reporter) before the line"
 
 
 def test_wait_for_all_waits_without_a_time_limit_and_is_not_a_stall():

@@ -25,6 +25,13 @@ that every torch.distributed process group already has:
   interrupt it) is ended by its watchdog thread after `grace_s`. Either way the process exits
   with code 1, and exactly one rank (rank 0, or rank 1 when rank 0 failed) prints one line:
   "error: rank 1 failed: OSError: ...; stopped all 4 ranks".
+- The line comes out before any rank ends. Under `srun --kill-on-bad-exit=1` (and torchrun) the
+  first task that exits non-zero has every other task of the step terminated at once, in whatever
+  Python code it is, so a reporter that is still waiting never prints. The reporter therefore
+  prints the moment it learns of the failure, from whichever of its threads learns it, before it
+  waits for anything; every other rank, the failed one included, leaves only once the reporter
+  has posted "reported" in the store, or the reporter's heartbeat stopped for `dead_after_s`
+  (it is gone too), or the store is gone.
 - Optionally, a rank whose main thread made progress (`step()`) and then makes none for
   `stall_after_s`, outside `wait_for_all()`, is posted as stalled (it hangs in I/O, or in a
   collective waiting for a rank that hangs). The clock starts at the first `step()`, so a long
@@ -39,7 +46,10 @@ A training loop's `step()` only reads a flag. With one process (world size 1) ev
 does nothing. When the store's host dies, torch's C++ client logs a warning on each rank before
 the line; TORCH_CPP_LOG_LEVEL=ERROR in the environment silences it.
 
-Sources: srun's --kill-on-bad-exit, https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit;
+Sources: srun's --kill-on-bad-exit, https://slurm.schedmd.com/srun.html#OPT_kill-on-bad-exit
+(srun's launch/slurm plugin signals the whole step with SIG_TERM_KILL as soon as one task exits
+non-zero: SIGCONT, SIGTERM, then SIGKILL after the cluster's KillWait; the job log's
+"_step_signal: Terminating StepId=..." line);
 torchrun's agent tears down its workers when one fails,
 https://docs.pytorch.org/docs/stable/elastic/agent.html; the store API (add, check,
 compare_set), https://docs.pytorch.org/docs/stable/distributed.html#distributed-key-value-store
@@ -129,6 +139,7 @@ class Watchdog:
         self._waiting = False
         self._barriers = 0
         self._reported = False
+        self._report_lock = threading.Lock()  # the main thread and the watchdog thread may both learn at once
 
     # ------------------------------------------------------------------ public API
     @property
@@ -240,16 +251,23 @@ class Watchdog:
         if failure is None and self._failure is not None:
             failure = self._failure  # a peer failed first; our error is a consequence
         if failure is None and is_communication_error(exc):
-            # A collective noticed a dead peer before the heartbeats did: give them time to name it.
+            # A collective noticed a dead peer before the heartbeats did: the rank that watches it
+            # names it within dead_after_s of its last heartbeat. Give them that time.
             failure = self._wait_for_failure(self.dead_after_s + 3 * self.heartbeat_s)
         if failure is None:
-            if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
-                self.fail(describe(exc))
-            self.stop()
-            return False  # this rank's own error: let it propagate and print as usual
-        self._failure = self._failure or failure
+            if isinstance(exc, SystemExit) and exc.code in (0, None):
+                self.stop()
+                return False
+            own = PeerFailed(self.rank, f"failed: {describe(exc)}")
+            failure = self.fail(own.reason[len("failed: "):])
+            if (failure.rank, failure.reason) == (own.rank, own.reason):
+                self._report()  # this rank's exit ends the others under srun -K: the line first
+                self.stop()
+                return False  # this rank's own error: let it propagate and print as usual
+            # another rank's failure was posted first (the first one wins): ours is its consequence
+        self._record(failure)
+        self._report()  # before stop(): rank 0 lingers there, and srun may end it meanwhile
         self.stop()
-        self._report()
         raise SystemExit(self.exit_code) from None
 
     # ------------------------------------------------------------------ internals
@@ -275,40 +293,71 @@ class Watchdog:
     def _record(self, failure: PeerFailed) -> None:
         if self._failure is None:
             self._failure = failure
+        if self.active and self.is_reporter():
+            self._print_line()  # now, before this rank waits for anything: another rank's exit may end it
+
+    def _print_line(self) -> None:
+        with self._report_lock:
+            if self._reported:
+                return
+            self._reported = True
+            print(self.report_line(), file=self._out or sys.stderr, flush=True)
+        try:
+            self._store.set(self._key("reported"), "1")  # the others may leave now
+        except Exception:  # noqa: BLE001 - store gone: nobody waits for it
+            pass
 
     def _lost_store(self, err: BaseException) -> PeerFailed:
         return PeerFailed(0, f"is gone: the store stopped answering ({describe(err)}); it lives in rank 0's "
                              f"process (under torchrun: the first node's torchrun), so that process or node died")
 
     def _wait_for_failure(self, seconds: float) -> PeerFailed | None:
+        """The failure another rank posts within `seconds`, read from the store itself (the
+        watchdog thread may be slow to read it on a busy machine), or None."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self._failure is not None:
-                return self._failure
-            if self._thread is None or not self._thread.is_alive():
-                break
+        while self._failure is None and time.monotonic() < deadline:
+            try:
+                if self._store.check([self._key("failed")]):
+                    self._record(self._parse(self._store.get(self._key("failed"))))
+            except Exception as err:  # noqa: BLE001 - the store went away: its host died
+                self._record(self._lost_store(err))
             time.sleep(min(0.05, self.heartbeat_s))
         return self._failure
 
     def _report(self) -> None:
-        if self.is_reporter() and not self._reported:
-            self._reported = True
-            print(self.report_line(), file=self._out or sys.stderr, flush=True)
+        """The reporter prints the line (once); any other rank waits until it is out.
+
+        A rank that leaves first, with a non-zero code, ends the reporter under srun
+        --kill-on-bad-exit (and torchrun): so wait for the reporter's "reported" key as long as
+        the reporter is alive (its heartbeat moved within dead_after_s; it prints as soon as its
+        thread reads the failure, within heartbeat_s), not for a fixed time that a slow or busy
+        reporter can outlast.
+        """
+        if self._failure is None or not self.active:
+            return
+        reporter = 1 if self._failure.rank == 0 else 0
+        if self.rank == reporter:
+            self._print_line()
+            return
+        beat, since = None, time.monotonic()
+        while True:
             try:
-                self._store.set(self._key("reported"), "1")
-            except Exception:  # noqa: BLE001 - store gone: nobody waits for it
-                pass
-        elif self._failure is not None and not self.is_reporter() and self.active:
-            # Under srun --kill-on-bad-exit the first rank to exit has the others killed at once:
-            # leave only after the reporter printed its line (or grace_s, or the store is gone).
-            deadline = time.monotonic() + self.grace_s
-            while time.monotonic() < deadline:
-                try:
-                    if self._store.check([self._key("reported")]):
-                        return
-                except Exception:  # noqa: BLE001 - store gone: the reporter is too
+                if self._store.check([self._key("reported")]):
                     return
-                time.sleep(min(0.05, self.heartbeat_s))
+                if reporter != 0 and self._store.check([self._key(f"done/{reporter}")]):
+                    return  # rank 1 finished and left before rank 0 failed: nobody is left to say it
+                now = time.monotonic()
+                current = self._store.add(self._key(f"beat/{reporter}"), 0)
+            except Exception:  # noqa: BLE001 - the store's host is gone (rank 0's process under srun):
+                # the reporter, rank 1, learns it at its own next heartbeat, when its store call
+                # fails, and prints then; give it that heartbeat before this rank's exit can end it
+                time.sleep(2 * self.heartbeat_s)
+                return
+            if current != beat:
+                beat, since = current, now
+            elif now - since > self.dead_after_s:
+                return  # the reporter is gone too: nobody is left to say it
+            time.sleep(min(0.05, self.heartbeat_s))
 
     def _node_of(self, rank: int) -> str:
         """' n2' (the node rank `rank` said it runs on), or '' when it did not say."""
