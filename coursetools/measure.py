@@ -13,6 +13,8 @@ numbers; the load at the start goes into the file (`load_average_at_start`, besi
 `load_average` its tool recorded at the end). Every command gets OMP_NUM_THREADS=1, so that a number
 does not depend on how many cores torch guesses it has (the tools that compare thread counts set
 their own). A target that fails does not stop the others; the run then exits 1 naming it.
+Each file records the commit it measured (benchtools.resultfiles); `python -m coursetools.staleness`
+names the files whose code (`Target.commands`, `Target.runs` and what they import) changed since.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from benchtools.machine import busy_warning, load_average
 from benchtools.resultfiles import add_load_at_start
+from coursetools.results import RUNTIME_COMMANDS
 from wellfno.cli import UserError, run_main
 
 
@@ -36,6 +39,9 @@ class Target:
     file: str            # the results file, relative to the repository root
     commands: tuple      # {py} the venv's python, {data} the data dir, {runs} scratch output
     quoted_in: str       # where the docs show it
+    # The scripts and modules (`-m name`) its tools start or load themselves, which its command
+    # lines do not name: its numbers come from their code too (coursetools.staleness).
+    runs: tuple = ()
 
 
 # Cheapest settings whose figures are stable on 2 idle cores: short timed windows, few steps, two
@@ -43,7 +49,8 @@ class Target:
 TARGETS = (
     Target("runtimes", "results/runtimes.json",
            ("{py} -m coursetools.results runtimes --repeats 1",),
-           "README quick start, INSTRUCTORS.md runtimes, exercise 01's profile"),
+           "README quick start, INSTRUCTORS.md runtimes, exercise 01's profile",
+           runs=tuple(command for _, command in RUNTIME_COMMANDS)),
     Target("throughput", "results/throughput.json",
            ("{py} profiling/throughput.py --data-dir {data} --out {runs}/throughput --seconds 2 "
             "--repeats 2 --prefetch-factor 2 --results results/throughput.json",),
@@ -68,7 +75,8 @@ TARGETS = (
     Target("profiling_overhead", "results/profiling_overhead.json",
            ("{py} profiling/overhead.py --data-dir {data} --batch-size 4 --wait 8 --after 8 "
             "--repeats 6 --results results/profiling_overhead.json",),
-           "exercise 01's profiler overhead, README"),
+           "exercise 01's profiler overhead, README",
+           runs=("solutions/01_profiling/fno.py",)),   # its --script's default
     Target("threads", "results/threads.json",
            ("{py} profiling/threads.py --data-dir {data} --threads 1,2 --busy 0,1 --repeats 2 "
             "--results results/threads.json",),
@@ -80,16 +88,21 @@ TARGETS = (
     Target("04_stats_benchmark", "results/04_stats_benchmark.json",
            ("{py} solutions/04_distributed_stats/benchmark.py --synthetic-gb 1 --ranks 1,2 "
             "--repeat 3 --json results/04_stats_benchmark.json",),
-           "exercise 04, README"),
+           "exercise 04, README",
+           runs=("stats.py", "solutions/04_distributed_stats/stats.py",
+                 "solutions/04_distributed_stats/dask_stats.py")),
     Target("05_ddp_scaling", "results/05_ddp_scaling.json",
            ("{py} solutions/05_ddp/scaling.py --ranks 1 2 --batch-size 8 --max-steps 12 "
             "--repeats 2 --data-dir {data} --out {runs}/scaling "
             "--results results/05_ddp_scaling.json",),
-           "exercise 05, README"),
+           "exercise 05, README",
+           runs=("solutions/05_ddp/fno.py",)),
     Target("efficiency_cpu", "results/efficiency_cpu/efficiency.json",
            ("{py} solutions/11_compile/benchmark.py --data-dir {data} "
             "--out results/efficiency_cpu --steps 20 --repeats 2 --common '--bind none'",),
-           "exercises 08-11, README"),
+           "exercises 08-11, README",
+           runs=tuple(f"solutions/{step}/fno.py" for step in (
+               "07_failures", "08_host_syncs", "09_mixed_precision", "10_mfu", "11_compile"))),
     Target("12_checkpointing", "results/12_checkpointing.json",
            ("{py} solutions/13_domain_parallel/benchmark.py --checkpointing --rows 64 --cols 64 "
             "--layers 8 --batch-size 8 --steps 8 --repeats 2 --out {runs}/bench12 "
@@ -102,7 +115,8 @@ TARGETS = (
     Target("14_long_rollouts", "results/14_long_rollouts.json",
            ("{py} solutions/14_long_rollouts/compare.py --data-dir {data} --out {runs}/compare14 "
             "--results results/14_long_rollouts.json",),
-           "exercise 14, README (about 35 minutes on 2 cores: 6 variants x 3 seeds)"),
+           "exercise 14, README (about 35 minutes on 2 cores: 6 variants x 3 seeds)",
+           runs=("fno.py", "solutions/14_long_rollouts/fno.py", "{py} -m wellfno.evaluate")),
 )
 BY_NAME = {t.name: t for t in TARGETS}
 
