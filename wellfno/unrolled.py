@@ -40,7 +40,8 @@ def check_arguments(args, dataset_dir) -> None:
     if args.rollout_steps < 1:
         raise UserError("--rollout-steps must be at least 1 (1: one-step training)")
     if not 0 <= args.input_noise < math.inf:
-        raise UserError("--input-noise must be 0 or more (a standard deviation in z-scored units)")
+        raise UserError(f"--input-noise {args.input_noise} must be a finite number, 0 or more (a "
+                        "standard deviation in z-scored units)")  # nan and inf fail here too
     if args.pushforward and args.rollout_steps < 2:
         raise UserError("--pushforward rolls out before the trained step: give it "
                         "--rollout-steps 2 or more")
