@@ -501,3 +501,68 @@ def test_every_two_gpu_skip_of_the_gpu_tests_is_read_as_not_answered():
             found += 1
     assert found >= 3  # tests/test_gpu.py's two, tests/test_domain.py's one
 
+
+
+# --------------------------------------------------------------------------- out of time, TF32 off
+def test_step_06_runs_with_tf32_off_and_a_timeout_is_not_answered(tmp_path, monkeypatch):
+    """Step 06's runs on the GPU (the subprocess stood in): every run, float32 too, has
+    NVIDIA_TF32_OVERRIDE=0 (cuDNN's TF32 1x1 convolutions are ~1e-3 off float32, compared at 1e-4);
+    a run past its time is NOT ANSWERED (timed out ...) in the report, never FAIL."""
+    import subprocess
+
+    import wellfno.grayscott
+
+    monkeypatch.setattr(wellfno.grayscott, "generate", lambda *a, **k: None)
+    envs = {}
+
+    def fake_run(cmd, timeout, env, **kwargs):
+        name = "compile" if "--compile" in cmd else "bf16" if "--amp" in cmd else "float32"
+        envs[name] = env
+        if name == "compile":
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        out = tmp_path / name
+        out.mkdir()
+        losses = [[i, 1.0 + (1e-5 if name == "bf16" else 0)] for i in range(5)]
+        (out / "metrics.json").write_text(json.dumps(
+            {"history": [{"loss_log": losses}], "peak_memory_bytes": 2**20,
+             "samples_per_second": 1.0}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(gpucheck.subprocess, "run", fake_run)
+    step = gpucheck.run_06_on_gpu(_two_gpus_seen(), tmp_path, tmp_path, timeout=30)
+    assert {name: env.get("NVIDIA_TF32_OVERRIDE") for name, env in envs.items()} == {
+        "float32": "0", "bf16": "0", "compile": "0"}
+    runs = step["runs"]
+    assert runs["bf16"]["ok"] and runs["compile"]["timed_out"], runs
+    rep = gpucheck.build_report([_task(0, [_gpu(0)])], {**NODE, "step_06": step}, True)
+    assert rep["status"] == "INCOMPLETE" and not rep["problems"], rep["problems"]
+    assert rep["not_answered"] == [{"question": "solutions/11_compile/fno.py on the GPU (compile)",
+                                    "why": "timed out after 30 s"}]
+    text = gpucheck.report_text(rep)
+    assert "06 --compile: NOT ANSWERED (timed out after 30 s)" in text and "FAIL" not in text
+
+
+def test_a_float32_reference_out_of_time_leaves_the_others_not_answered():
+    runs = {"float32": {"ok": False, "timed_out": True, "why": "timed out after 9 s"},
+            "bf16": {"ok": False, "timed_out": True,
+                     "why": "its float32 reference timed out after 9 s"}}
+    rep = gpucheck.build_report([_task(0, [_gpu(0)])],
+                                {**NODE, "step_06": {"ran": True, "runs": runs}}, True)
+    assert rep["status"] == "INCOMPLETE" and not rep["problems"], rep["problems"]
+    assert [q["why"] for q in rep["not_answered"]] == [
+        "timed out after 9 s", "its float32 reference timed out after 9 s"]
+
+
+def test_complex_ddp_out_of_time_is_not_answered(tmp_path, monkeypatch):
+    import subprocess
+
+    def fake_run(cmd, timeout, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(gpucheck.subprocess, "run", fake_run)
+    rec = gpucheck.run_complex_ddp(_two_gpus_seen(), tmp_path / "c", timeout=7)
+    rep = gpucheck.build_report([_task(0, [_gpu(0)])], {**NODE, **rec}, True)
+    assert rep["status"] == "INCOMPLETE" and not rep["problems"], rep["problems"]
+    text = gpucheck.report_text(rep)
+    assert "complex gradients under DDP: NOT ANSWERED (timed out after 7 s)" in text
+    assert "NCCL/RCCL transport between this node's GPUs: NOT ANSWERED (timed out after 7 s)" in text
