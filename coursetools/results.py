@@ -743,50 +743,176 @@ def domain_readme_row(result: dict) -> list[str]:
 
 # --------------------------------------------------------------------------- command line
 # --------------------------------------------------------------------------- exercise 14
-def long_rollouts_table(root: Path) -> str:
-    """Exercise 14's variants side by side, from results/14_long_rollouts.json (compare.py)."""
+_LONG_ROLLOUTS_OLD = ("results/14_long_rollouts.json was written by an earlier compare.py (no "
+                      "windows, intervals or mean field): measure it again, `make results "
+                      "ONLY=14_long_rollouts`.")
+
+
+def _long_rollouts(root: Path) -> tuple[dict, dict] | tuple[dict, None]:
+    """(the results file, its data when compare.py's format 2 wrote it, else None)."""
     result = _result(root, "14_long_rollouts.json")
-    d = result["data"]
-    persistence = d["persistence"]["whole_trajectory"]
+    return result, (result["data"] if result["data"].get("format") == 2 else None)
+
+
+def _pm(part: dict | None, digits: int = 3) -> str:
+    """'mean ± half-width' of an interval over seeds (the mean alone for one seed)."""
+    if part is None:
+        return ""
+    half = part.get("half_width")
+    return f"{part['mean']:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+
+
+def _behind(step: int | None) -> str:
+    return "never" if step is None else str(step)
+
+
+def _seed_range(steps: list) -> str:
+    """The seeds' earliest and latest step behind persistence ('never' for a seed never behind)."""
+    found = sorted(k for k in steps if k is not None)
+    if not found:
+        return "never"
+    low, high = str(found[0]), "never" if None in steps else str(found[-1])
+    return low if low == high else f"{low}–{high}"
+
+
+def _run_of(d: dict, name: str) -> str:
+    spec = d["variants"][name]
+    flags = " ".join(spec["flags"] + (["--epochs", str(spec["epochs"])]
+                                      if spec["epochs"] != d["epochs"] else []))
+    return f"`{spec['script']} {flags}`".replace(" `", "`") + ("" if flags else " (its defaults)")
+
+
+def long_rollouts_table(root: Path) -> str:
+    """Exercise 14's variants side by side, from results/14_long_rollouts.json (compare.py): The
+    Well's VRMSE per window, mean over seeds ± its 95 % interval, where each falls behind
+    persistence, the paired difference to the reference; then what each costs."""
+    result, d = _long_rollouts(root)
+    if d is None:
+        return _LONG_ROLLOUTS_OLD
+    windows = d["windows"]
+    heads = [(f"all {w['last']}" if w["window"] == "all" else w["window"])
+             + ("" if w["complete"] else "*") for w in windows]
+    ref = d["reference"]
     rows = []
     for name, s in d["summary"].items():
-        flags = " ".join(d["variants"][name]["flags"])
         label = f"**{name}** (the default)" if name == d["default_variant"] else name
-        rate = f"{s['samples_per_second']:.1f}" if s["samples_per_second"] else "-"
-        flops = f"{s['flops_per_sample'] / 1e6:.0f}" if s["flops_per_sample"] else "-"
-        rows.append([label, f"`{d['variants'][name]['script']} {flags}`".replace(" `", "`")
-                     + ("" if flags else " (its defaults)"),
-                     f"{s['whole_trajectory']:.3f}",
-                     " / ".join(f"{v:.3f}" for v in s["whole_trajectory_by_seed"]),
-                     f"{s['step_1']:.4f}", f"{s['worst_step_over_persistence']:.2f}", rate, flops,
-                     _mb(s["peak_memory_bytes"]) if s["peak_memory_bytes"] else "-"])
-    rows.append(["persistence", "the last input frame, repeated", f"{persistence:.3f}", "", 
-                 f"{d['persistence']['per_step'][0]:.4f}", "1.00", "", "", ""])
-    seeds = "/".join(map(str, d["seeds"]))
-    return (md_table(["variant", "run", f"VRMSE, all {d['steps']} steps", f"by seed ({seeds})",
-                      "step 1", "worst step / persistence", "samples/s", "MFLOP/sample",
-                      "peak memory"], rows, "llrrrrrrr")
-            + f"\n\nThe Well's VRMSE (`python -m wellfno.evaluate`) over {d['trajectories']} "
-            f"validation trajectories of {d['dataset']}, every rollout step, the mean over seeds "
-            f"{seeds} ({d['epochs']} epochs each); worst step: the largest ratio to persistence at "
-            f"one step, over the steps and seeds; samples/s, FLOPs and peak memory (the process's "
-            f"maximum RSS on a CPU) from each run's metrics.json"
-            + (f", {d['jobs']} runs at a time, {d['threads_per_run']} thread(s) each"
-               if d.get("threads_per_run") else "") + ".\n\n" + _caption(result))
+        seeds = _seed_range(s["behind_persistence_from_by_seed"])
+        versus = s.get("vs_reference", {}).get("all")
+        rows.append([label, _run_of(d, name)]
+                    + [_pm(s["windows"].get(w["window"]), 4 if w["window"] in ("1", "2") else 3)
+                       for w in windows]
+                    + [f"{_behind(s['behind_persistence_from'])} ({seeds})",
+                       "" if name == ref else (_pm(versus) if versus else "-")])
+    for name, what in (("persistence", "the last input frame, repeated"),
+                       ("mean field", "each field's spatial mean of the true frame")):
+        part = d[name.replace(" ", "_")]
+        rows.append([name, what] + [f"{part['windows'][w['window']]:.4f}" for w in windows]
+                    + ["", ""])
+    quality = md_table(["variant", "run"] + heads + ["behind persistence from step (seeds)",
+                                                     f"vs {ref}, all {d['steps']} steps"],
+                       rows, "ll" + "r" * (len(heads) + 2))
+    cost_rows = []
+    for name, s in d["summary"].items():
+        cost_rows.append([name, str(s["epochs"]), str(s["training_samples"]),
+                          f"{s['training_flops'] / 1e12:.2f}" if s["training_flops"] else "-",
+                          f"{s['samples_per_second']:.1f}" if s["samples_per_second"] else "-",
+                          f"{s['flops_per_sample'] / 1e6:.0f}" if s["flops_per_sample"] else "-",
+                          _mb(s["peak_memory_bytes"]) if s["peak_memory_bytes"] else "-"])
+    cost = md_table(["variant", "epochs", "samples trained", "TFLOP per run", "samples/s",
+                     "MFLOP/sample", "peak memory"], cost_rows, "lrrrrrr")
+    seeds, n = "/".join(map(str, d["seeds"])), len(d["seeds"])
+    partial = [w for w in windows if not w["complete"]]
+    return (quality + "\n\n" + cost
+            + f"\n\nThe Well's VRMSE (`python -m wellfno.evaluate --context {d['context']}`) over "
+            f"{d['trajectories']} validation trajectories of {d['dataset']}, each rolled out for "
+            f"{d['steps']} steps after its first {d['context']} frames (a model that sees fewer "
+            f"frames is given the last of them), {d['epochs']} epochs a run"
+            + "".join(f" ({name}: {spec['epochs']})" for name, spec in d["variants"].items()
+                      if spec["epochs"] != d["epochs"])
+            + f"; each window's mean over its steps, then over seeds {seeds}"
+            + (f" ± the 95 % interval of that mean (Student's t with {n - 1} degrees of freedom: "
+               f"t·s/√{n}, s the seeds' standard deviation)" if n > 1 else "")
+            + "; behind persistence from: the first step at which the mean over the seeds is "
+            "above persistence's (in brackets the seeds' earliest and latest such step; never: "
+            f"not within the {d['steps']} steps); vs {ref}: the mean over seeds of the difference "
+            f"to {ref} of the same seed, ± its interval (below 0 by more than the interval: "
+            f"lower than {ref}); the mean field scores what VRMSE calls 1. Costs from each run's "
+            "metrics.json (means over seeds): TFLOP per run, MFLOP per sample times the samples "
+            "trained; peak memory, the process's maximum RSS on a CPU"
+            + (f"; {d['jobs']} runs at a time, {d['threads_per_run']} thread(s) each"
+               if d.get("threads_per_run") else "")
+            + "."
+            + "".join(f" {w['window']}*: steps {w['first']}–{w['last']} only." for w in partial)
+            + "\n\n" + _caption(result))
+
+
+def long_rollouts_claims(root: Path) -> str:
+    """Exercise 14's claims as sentences, from results/14_long_rollouts.json: per variant, up to
+    which step it is ahead of persistence and by how much it is behind after; then the verdict
+    of the default's rule (compare.py's `rule`)."""
+    result, d = _long_rollouts(root)
+    if d is None:
+        return _LONG_ROLLOUTS_OLD
+    persistence, ref = d["persistence"]["per_step"], d["reference"]
+    field = d["mean_field"]["windows"]
+    late = next((w for w in d["windows"] if w["window"] == "13:30"), None)
+    lines = []
+    for name, s in d["summary"].items():
+        k, stays = s["behind_persistence_from"], s["stays_behind_persistence_from"]
+        if k is None:
+            said = f"ahead of persistence at every one of the {d['steps']} steps"
+        elif k == 1:
+            gap = max(m - p for m, p in zip(s["per_step"], persistence))
+            said = f"behind persistence from step 1, by at most {gap:.3f} in VRMSE"
+        else:
+            gap = max(m - p for m, p in zip(s["per_step"][k - 1:], persistence[k - 1:]))
+            said = (f"ahead of persistence up to step {k - 1}, then behind it"
+                    + ("" if stays == k else f" (for good from step {stays})" if stays else
+                       " (ahead again by the last step)")
+                    + f", by at most {gap:.3f} in VRMSE")
+        said += f" (mean of {len(d['seeds'])} seeds)"
+        if late:
+            part = s["windows"]["13:30"]
+            said += (f"; steps {late['first']}–{late['last']}: {_pm(part)} against persistence's "
+                     f"{d['persistence']['windows']['13:30']:.3f} and the mean field's "
+                     f"{field['13:30']:.3f}")
+        versus = s.get("vs_reference", {}).get("all")
+        if versus and versus.get("half_width") is not None:
+            said += f"; all {d['steps']} steps {_pm(versus)} against {ref}"
+        lines.append(f"- **{name}**: {said}.")
+    v = d["verdict"]
+    if v.get("why"):
+        lines.append(f"- The default's rule gives no verdict: {v['why']}.")
+    else:
+        passing = ", ".join(v["passing"]) or "none"
+        lines.append(f"- The default's rule: passing {passing}; "
+                     + (f"the cheapest, **{v['chosen']}**" if v["remedy"] else
+                        f"so no remedy (**{ref}**)")
+                     + f". Solution 14's default is {v['solution_default']}: "
+                     + ("the rule's pick." if v["agrees"] else "**not** the rule's pick."))
+    return "\n".join(lines) + "\n\n" + _caption(result)
 
 
 def long_rollouts_readme_row(result: dict) -> list[str]:
     """The course README's row of exercise 14, from results/14_long_rollouts.json."""
     d = result["data"]
-    chosen, today = d["summary"][d["default_variant"]], d["summary"].get("fno.py")
-    persistence = d["persistence"]["whole_trajectory"]
-    said = (f"{d['default_variant']}: VRMSE over all {d['steps']} steps **{chosen['whole_trajectory']:.3f}** "
-            f"vs {persistence:.3f} for persistence")
-    if today:
-        said += (f" and {today['whole_trajectory']:.3f} for `fno.py` (mean of {len(d['seeds'])} "
-                 f"seeds); step 1 {chosen['step_1']:.4f} vs {today['step_1']:.4f}")
-    return ["14", f"`{result['command']}` ([exercise 14](exercises/14_long_rollouts/background.md"
-            "#what-you-should-see))", said + "; GPU: the same command, to be measured"]
+    link = ("[exercise 14](exercises/14_long_rollouts/background.md#what-you-should-see)")
+    if d.get("format") != 2:
+        return ["14", f"`{result['command']}` ({link})", _LONG_ROLLOUTS_OLD]
+    v, chosen = d["verdict"], d["summary"].get(d["verdict"].get("chosen") or "")
+    said = "the default's rule gives no verdict" + (f" ({v['why']})" if v.get("why") else "")
+    if chosen:
+        k = chosen["behind_persistence_from"]
+        said = ((f"the default's rule picks **{v['chosen']}**" if v["remedy"] else
+                 f"no remedy passes the default's rule: **{v['chosen']}**")
+                + f" ({len(d['seeds'])} seeds): "
+                + (f"ahead of persistence at all {d['steps']} steps" if k is None else
+                   "behind persistence from step 1" if k == 1 else
+                   f"ahead of persistence up to step {k - 1} of {d['steps']}")
+                + f", {_pm(chosen['windows']['all'])} over all steps vs "
+                f"{d['persistence']['whole_trajectory']:.3f} for persistence")
+    return ["14", f"`{result['command']}` ({link})",
+            said + "; GPU: the same command, to be measured"]
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,16 @@
 """A training run's checkpoint evaluated as The Well reports it, over whole validation trajectories.
 
-    python -m wellfno.evaluate --run runs/baseline [--data-dir data] [--device auto]
+    python -m wellfno.evaluate --run runs/baseline [--data-dir data] [--device auto] [--context N]
 
 Rebuilds the model from OUT/metrics.json's config and OUT/checkpoint.pt, rolls it out over every
 validation trajectory as far as the trajectory goes, beside persistence (the last input frame,
 repeated), and writes OUT/evaluation.json: The Well's VRMSE (`wellfno.rollout.well_vrmse`) per
 rollout step and per field, over the Well paper's time windows (1, 2, 3:5, 6:12, 13:30) and the_well
 trainer's for this rollout length, and over the whole trajectory; and prints one table of them.
+
+`--context N` starts every rollout after the trajectory's first N frames (default: the run's
+--n-steps-input) and gives the model the last --n-steps-input of them: runs that see different
+numbers of frames are then scored on the same frames, beside the same persistence.
 """
 from __future__ import annotations
 
@@ -34,7 +38,27 @@ def parse_args(argv=None):
                    help="the folder that holds datasets/ (default: the run's own --data-dir, "
                    "as metrics.json has it: a relative one from the folder it was run in)")
     p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
+    p.add_argument("--context", type=int, default=None,
+                   help="start every rollout after this many frames (default: the run's "
+                   "--n-steps-input), the model given the last --n-steps-input of them: runs "
+                   "with different --n-steps-input scored on the same frames")
     return p.parse_args(argv)
+
+
+class LastFrames:
+    """A rollout dataset whose samples keep only their last `n` input frames (`--context`): the
+    targets, and persistence's last frame, stay those of the whole context."""
+
+    def __init__(self, dataset, n: int):
+        self.dataset, self.n = dataset, n
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        sample = dict(self.dataset[i])
+        sample["input_fields"] = sample["input_fields"][-self.n:]
+        return sample
 
 
 def read_run(run: Path) -> tuple[dict, Path]:
@@ -139,8 +163,14 @@ def main(argv=None):
     dataset_dir, dataset_stats = data.open_dataset(data_dir, config["dataset"])
     n_steps_input = config["n_steps_input"]
     data.check_input_steps(dataset_dir, n_steps_input, (SPLIT,))
-    whole = data.trajectory_length(dataset_dir, SPLIT) - n_steps_input  # every step there is
-    trajectories = data.rollout_dataset(dataset_dir, n_steps_input, SPLIT, max_rollout_steps=whole)
+    context = n_steps_input if args.context is None else args.context
+    length = data.trajectory_length(dataset_dir, SPLIT)
+    if not n_steps_input <= context < length:
+        raise UserError(f"--context {context}: the run's model sees {n_steps_input} frame(s) and "
+                        f"the {SPLIT} trajectories have {length}: pass {n_steps_input} to "
+                        f"{length - 1}")
+    whole = length - context  # every step there is
+    trajectories = data.rollout_dataset(dataset_dir, context, SPLIT, max_rollout_steps=whole)
     stats = channel_stats(dataset_stats, trajectories.core_field_names)
     model, weights = load_model(checkpoint, config, trajectories, stats, dataset_dir)
     model = model.to(device)
@@ -149,14 +179,14 @@ def main(argv=None):
     steps = memory.rollout_steps(model, device, wanted=whole)
     if steps < whole:
         print(f"note: {steps} of {whole} rollout steps fit in memory; scoring those")
-        trajectories = data.rollout_dataset(dataset_dir, n_steps_input, SPLIT,
-                                            max_rollout_steps=steps)
-    model_errors, persistence_errors = rollout.trajectory_errors(model, trajectories, device)
+        trajectories = data.rollout_dataset(dataset_dir, context, SPLIT, max_rollout_steps=steps)
+    scored = trajectories if context == n_steps_input else LastFrames(trajectories, n_steps_input)
+    model_errors, persistence_errors = rollout.trajectory_errors(model, scored, device)
     report = rollout.well_report(model_errors, persistence_errors,
                                  data.channel_names(trajectories))
     report = dict(
         run=str(run), checkpoint=str(checkpoint), dataset=str(dataset_dir), split=SPLIT,
-        n_steps_input=n_steps_input, spectral_weights=weights, device=str(device),
+        n_steps_input=n_steps_input, context=context, spectral_weights=weights, device=str(device),
         precision="float32 rollout, metric in float64",
         steps_left_out_for_memory=whole - len(report["trajectories_per_step"]),
         metric=("The Well's VRMSE (the_well/benchmark/metrics/spatial.py VRMSE: sample variance "
