@@ -115,7 +115,7 @@ TARGETS = (
     Target("14_long_rollouts", "results/14_long_rollouts.json",
            ("{py} solutions/14_long_rollouts/compare.py --data-dir {data} --out {runs}/compare14 "
             "--results results/14_long_rollouts.json",),
-           "exercise 14, README (about 35 minutes on 2 cores: 6 variants x 3 seeds)",
+           "exercise 14, README (about 38 minutes on 2 idle cores: 5 variants x 5 seeds)",
            runs=("fno.py", "solutions/14_long_rollouts/fno.py", "{py} -m wellfno.evaluate")),
 )
 BY_NAME = {t.name: t for t in TARGETS}
