@@ -103,11 +103,16 @@ results: venv data
 	$(PY) -m coursetools.measure --data-dir $(DATA_DIR) --runs $(RESULTS_RUNS) $(ONLY); status=$$?; \
 	$(PY) -m coursetools.results render && exit $$status
 
-# The course's pure-Python packages a bare GPU machine's image lacks (its own torch, numpy, h5py,
-# matplotlib, pytest are used), as wheels for tests/device/day0.sh there (no network needed).
+# The course's pure-Python packages a bare GPU machine's image may lack (tests/device/wheels.txt:
+# what the course imports beyond torch, numpy, h5py, matplotlib, pytest, scipy, PyYAML, tqdm), as
+# wheels for tests/device/day0.sh there (no network needed; it unpacks only those the machine
+# lacks). Pure-Python wheels only (py3-none-any: any platform, any CPython 3), checked against the
+# machine's Python version's Requires-Python (DEVICE_PYTHON_VERSION).
+DEVICE_PYTHON_VERSION ?= 3.12
 device-wheels:
-	$(PY) -m pip download -q --no-deps --only-binary=:all: -d .device-wheels \
-	  the_well==1.2.0 neuraloperator==2.0.0 tensorly==0.10.0 tensorly-torch==0.5.0
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --implementation py --abi none \
+	  --platform any --python-version $(DEVICE_PYTHON_VERSION) -d .device-wheels \
+	  -r tests/device/wheels.txt
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,0 +1,314 @@
+"""The day-0 check of a bare GPU machine (tests/device/day0.sh): its two steps written in Python.
+
+    python -m coursetools.day0 site --wheels .device-wheels --target DIR
+        # the course's packages (tests/device/wheels.txt) this Python lacks, unpacked from their
+        # wheels into DIR (no network, no pip); those it has are its own, left alone
+    python -m coursetools.day0 summary --scratch S --out OUT
+        # S's results as at most MAX_FILES files in OUT: day0.txt (one verdict, every step, every
+        # GPU question answered or NOT ANSWERED (why)), day0.json, and the files it quotes
+
+Why no venv on the machine: its torch lives in a virtual environment, and `python -m venv
+--system-site-packages` run from a venv's interpreter gives the new one the *base* interpreter's
+site-packages, not that venv's ("A virtual environment is created on top of an existing Python
+installation, known as the virtual environment's 'base' Python", https://docs.python.org/3/library/venv.html):
+no torch there. Nor pip: a bare image's venv need not have it (uv makes venvs without it), and
+its base Python need not have ensurepip (Debian's without python3-venv). So day0.sh runs the
+machine's own python3 with PYTHONPATH = DIR (these wheels) and the repository, which every
+process it starts (pytest's, torchrun's ranks) inherits. A pure-Python wheel (Root-Is-Purelib,
+tag py3-none-any) is a zip of what goes on sys.path: unpacking it is its installation, less the
+console scripts the course does not call (https://packaging.python.org/en/latest/specifications/binary-distribution-format/).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as metadata
+import json
+import re
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
+
+REPO = Path(__file__).resolve().parents[1]
+WHEEL_LIST = REPO / "tests" / "device" / "wheels.txt"
+# What comes back from a lent machine: at most 8 files, at most two folders below $OUT
+# (/work/.library/device/README.md's limits, the issue's); the summary writes only these.
+OUT_FILES = ("day0.txt", "day0.json", "gpu_check.txt", "gpu_check.json", "toolchain.txt",
+             "compile.log", "day0.log", "ladder.json")
+MAX_FILES = 8
+LOG_TAIL_LINES = 60  # of each step's log, in day0.log
+TIMED_OUT = (124, 137)  # timeout(1)'s exit codes: its TERM, then its KILL (-k)
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as packaging compares them (PEP 503): the_well == the-well."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wanted(path: Path = WHEEL_LIST) -> dict[str, str]:
+    """{canonical name: version} of the list (`name==version` lines; comments, blanks skipped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            out[canonical(name)] = version.strip()
+    return out
+
+
+def installed_version(name: str, path: list[str]) -> str | None:
+    found = metadata.distributions(name=name, path=path)
+    return next((d.version for d in found), None) if found else None
+
+
+def _pure(whl: zipfile.ZipFile) -> bool:
+    info = next((n for n in whl.namelist() if n.endswith(".dist-info/WHEEL")), None)
+    text = whl.read(info).decode() if info else ""
+    return "Root-Is-Purelib: true" in text
+
+
+def unpack(wheel: Path, target: Path) -> None:
+    """A pure-Python wheel into `target`, its .dist-info last: a run cut short leaves no metadata
+    of a half-unpacked package (so the next run unpacks it again instead of trusting it)."""
+    with zipfile.ZipFile(wheel) as whl:
+        if not _pure(whl):
+            raise UserError(f"{wheel} is not a pure-Python wheel: `make device-wheels` fetches "
+                            "py3-none-any ones only; delete it and run that again")
+        names = whl.namelist()
+        for name in names:
+            if name.startswith("/") or ".." in Path(name).parts:
+                raise UserError(f"{wheel} holds a path outside its folder ({name}): not a wheel "
+                                "pip made; delete it and run `make device-wheels` again")
+        for name in sorted(names, key=lambda n: ".dist-info/" in n):
+            whl.extract(name, target)
+
+
+def site(wheels: Path, target: Path, listing: Path = WHEEL_LIST) -> dict:
+    """Unpack into `target` every package of `listing` this Python lacks, from `wheels`."""
+    target.mkdir(parents=True, exist_ok=True)
+    path = [str(target), *sys.path]
+    by_name = {}
+    for whl in sorted(wheels.glob("*.whl")) if wheels.is_dir() else []:
+        by_name.setdefault(canonical(whl.name.split("-")[0]), whl)
+    record = {"machine": {}, "added": {}, "wheels": str(wheels)}
+    missing = []
+    for name, version in wanted(listing).items():
+        have = installed_version(name, path)
+        if have is not None:
+            record["machine"][name] = have  # the machine's own, whatever its version: not shadowed
+        elif name in by_name:
+            unpack(by_name[name], target)
+            record["added"][name] = by_name[name].name.split("-")[1]
+        else:
+            missing.append(f"{name}=={version}")
+    if missing:
+        raise UserError(f"{sys.executable} lacks {', '.join(missing)} and {wheels} has no wheel of "
+                        f"{'it' if len(missing) == 1 else 'them'}: run `make device-wheels` where "
+                        f"there is a network and bring {wheels}/ with the repository "
+                        "(INSTRUCTORS.md, 'Day-0 check')")
+    return record
+
+
+# --------------------------------------------------------------------------- summary
+def read_steps(path: Path) -> list[dict]:
+    """day0.sh's record: one `name<TAB>exit code<TAB>seconds<TAB>budget<TAB>note` line a step."""
+    steps = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        name, rc, took, budget, *note = line.split("\t")
+        step = {"name": name, "seconds": int(took), "budget": int(budget),
+                "note": note[0] if note else ""}
+        if rc == "skipped":
+            step.update(outcome="not answered", why="no time left")
+        elif int(rc) == 0:
+            step.update(outcome="ok")
+        elif int(rc) in TIMED_OUT and int(took) >= int(budget) - 1:
+            step.update(outcome="not answered", why=f"timed out after {budget} s")
+        else:
+            step.update(outcome="failed", why=f"exit {rc}")
+        steps.append(step)
+    return steps
+
+
+def _q(question: str, outcome: str, text: str) -> dict:
+    return {"question": question, "outcome": outcome, "text": text}
+
+
+def questions(steps: dict[str, dict], report: dict | None, gpus: int) -> list[dict]:
+    """Each GPU question of the day: answered (its answer), failed, or NOT ANSWERED (why)."""
+    from coursetools import gpucheck
+
+    node = (report or {}).get("node") or {}
+    tasks = (report or {}).get("tasks") or []
+    asked = [
+        ("task", "matmul and FFT on each GPU against float64"),
+        ("node", "training steps of the course's model on the GPU (samples/s, utilization)"),
+        ("node", "complex gradients under DDP over NCCL/RCCL"),
+        ("node", "NCCL/RCCL transport between the GPUs"),
+        ("node", "step 06 --amp bf16 against float32 on the GPU"),
+        ("node", "step 06 --compile against float32 on the GPU"),
+        ("node", "pytest -m gpu"),
+        ("compile", "solution 11 --compile on the GPU (Inductor on the FNO's complex ops)"),
+    ]
+    out = []
+    for step_name, question in asked:
+        step = steps.get(step_name)
+        if not gpus:
+            out.append(_q(question, "not answered", "no GPU: torch sees none"))
+        elif step is None:
+            out.append(_q(question, "not answered", "its step did not run"))
+        elif step["outcome"] != "ok":
+            out.append(_q(question, step["outcome"], step["why"]))
+        elif step_name == "compile":
+            out.append(_q(question, "ok", f"compiled and trained 3 steps ({step['seconds']} s)"))
+        elif step_name == "task":
+            bad = [f"rank {t['rank']} GPU {g['index']}" for t in tasks for g in t["gpus"]
+                   if not (g["matmul_ok"] and g["fft_ok"])]
+            out.append(_q(question, "failed" if bad else "ok",
+                          f"wrong on {', '.join(bad)}" if bad else "right on every GPU"))
+        else:
+            out.append(_node_answer(question, node, gpucheck))
+    return out
+
+
+def _node_answer(question: str, node: dict, gpucheck) -> dict:
+    if not node:
+        return _q(question, "failed", "no node results")
+    if question.startswith("training"):
+        tr, ut = node["training"], node["utilization"]
+        util = f", utilization mean {ut['mean_percent']:.0f}%" if ut.get("available") else ""
+        return _q(question, "ok", f"{tr['samples_per_second']:.0f} samples/s at batch "
+                                  f"{tr['batch']}, {tr['grid']}x{tr['grid']}{util}")
+    if question.startswith("complex"):
+        check = node.get("complex_ddp") or {}
+        line = gpucheck.complex_ddp_line(node)
+        if check.get("needs_gpus") or check.get("timed_out"):
+            return _q(question, "not answered", check["why"])
+        ok = not check.get("ran") or check.get("summary", {}).get("real_weights", {}).get("ok")
+        return _q(question, "ok" if ok else "failed", line)
+    if question.startswith("NCCL"):
+        found = node.get("transport") or {}
+        if found.get("needs_gpus") or found.get("timed_out"):
+            return _q(question, "not answered", found["why"])
+        return _q(question, "ok", gpucheck.transport_line(found))
+    if question.startswith("step 06"):
+        name = "bf16" if "bf16" in question else "compile"
+        run = ((node.get("step_06") or {}).get("runs") or {}).get(name)
+        if run is None:
+            return _q(question, "not answered", (node.get("step_06") or {}).get("why", "not run"))
+        if run.get("timed_out"):
+            return _q(question, "not answered", run["why"])
+        if run.get("not_supported"):
+            return _q(question, "ok", f"not supported here, as the script says: {run['why']}")
+        if "max_relative_loss_difference" not in run:
+            return _q(question, "failed", run.get("why", "?"))
+        return _q(question, "ok" if run["ok"] else "failed",
+                  f"loss within {run['max_relative_loss_difference']:.1e} of float32 "
+                  f"(tolerance {run['tolerance']:g})")
+    tests = node.get("pytest_gpu") or {}
+    if tests.get("timed_out"):
+        return _q(question, "not answered" if tests.get("ok") else "failed", tests["summary"])
+    if not tests.get("ran"):
+        return _q(question, "not answered", tests.get("summary", "not run"))
+    return _q(question, "ok" if tests.get("ok") else "failed", tests.get("summary", ""))
+
+
+def _tail(path: Path, lines: int) -> str:
+    if not path.is_file():
+        return ""
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def summary(scratch: Path, out: Path, gpus: int, dry_run: bool) -> int:
+    """OUT's files from SCRATCH; the exit status: the number of failed steps and questions."""
+    steps_list = read_steps(scratch / "steps.tsv")
+    steps = {s["name"]: s for s in steps_list}
+    report_file = scratch / "gpu" / "gpu_check.json"
+    report = json.loads(report_file.read_text()) if report_file.is_file() else None
+    asked = questions(steps, report, gpus)
+    failed_steps = [s for s in steps_list if s["outcome"] == "failed"]
+    failed = [q for q in asked if q["outcome"] == "failed"]
+    unanswered = [q for q in asked if q["outcome"] == "not answered"]
+    if failed_steps or failed:
+        verdict = (f"FAIL: {len(failed_steps)} step(s) failed, {len(failed)} question(s) "
+                   "answered wrong")
+    elif unanswered:
+        whys = "; ".join(sorted({q["text"] for q in unanswered}))
+        verdict = f"INCOMPLETE: {len(unanswered)} question(s) NOT ANSWERED ({whys})"
+    else:
+        verdict = "PASS"
+    lines = [f"day-0 check: {verdict}" + ("   (dry run)" if dry_run else ""), "", "steps:"]
+    for s in steps_list:
+        state = {"ok": "ok", "failed": f"FAILED ({s.get('why')})",
+                 "not answered": f"NOT ANSWERED ({s.get('why')})"}[s["outcome"]]
+        note = f"; {s['note']}" if s["note"] else ""
+        lines.append(f"  {s['name']}: {state}, {s['seconds']} s of {s['budget']}{note}")
+    lines += ["", "GPU questions:"]
+    for q in asked:
+        state = {"ok": "", "failed": "FAILED: ", "not answered": "NOT ANSWERED "}[q["outcome"]]
+        text = f"({q['text']})" if q["outcome"] == "not answered" else q["text"]
+        lines.append(f"  {q['question']}: {state}{text}")
+    gpu_text = scratch / "gpu" / "gpu_check.txt"
+    if gpu_text.is_file():
+        lines += ["", "the day-0 report (gpu_check.txt):", gpu_text.read_text().rstrip()]
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    copies = {"gpu_check.txt": gpu_text, "gpu_check.json": report_file,
+              "toolchain.txt": scratch / "logs" / "toolchain.log",
+              "ladder.json": scratch / "ladder" / "ladder.json"}
+    for name, src in copies.items():
+        if src.is_file():
+            shutil.copyfile(src, out / name)
+    compile_log = _tail(scratch / "logs" / "compile.log", 200)
+    if compile_log:
+        atomic_write_text(out / "compile.log", compile_log + "\n")
+    atomic_write_text(out / "day0.log", "".join(
+        f"===== {s['name']} (last {LOG_TAIL_LINES} lines of {scratch / 'logs' / s['name']}.log)\n"
+        f"{_tail(scratch / 'logs' / (s['name'] + '.log'), LOG_TAIL_LINES)}\n" for s in steps_list))
+    atomic_write_json(out / "day0.json", {"verdict": verdict, "dry_run": dry_run, "gpus": gpus,
+                                          "steps": steps_list, "questions": asked})
+    atomic_write_text(out / "day0.txt", text)
+    print(text, end="")
+    return min(len(failed_steps) + len(failed), 100)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("site", help="unpack the course's packages this Python lacks")
+    s.add_argument("--wheels", required=True, help="folder of wheels (make device-wheels)")
+    s.add_argument("--target", required=True, help="folder to unpack them into (on PYTHONPATH)")
+    s.add_argument("--record", help="write what came from where here (JSON)")
+    m = sub.add_parser("summary", help="SCRATCH's results as OUT's few files")
+    m.add_argument("--scratch", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--gpus", type=int, required=True, help="GPUs torch sees")
+    m.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    if args.cmd == "site":
+        wheels, target = Path(args.wheels), Path(args.target)
+        if wheels.exists() and not wheels.is_dir():
+            raise UserError(f"--wheels {wheels} is a file; give the folder that "
+                            "`make device-wheels` made")
+        if target.exists() and not target.is_dir():
+            raise UserError(f"--target {target} is a file; give a folder")
+        record = site(wheels, target)
+        if args.record:
+            atomic_write_json(args.record, record)
+        added = ", ".join(f"{n} {v}" for n, v in record["added"].items()) or "none"
+        print(f"the course's packages: {len(record['machine'])} the machine's own, "
+              f"{len(record['added'])} unpacked from {wheels} ({added})")
+        return 0
+    scratch, out = Path(args.scratch), Path(args.out)
+    if not scratch.is_dir():
+        raise UserError(f"--scratch {scratch} is not a folder; run tests/device/day0.sh")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder")
+    return summary(scratch, out, args.gpus, args.dry_run)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,212 @@
+"""tests/device/day0.sh on a stand-in of the machine it was written for, on the CPU.
+
+The lent machine (issue #40): a bare image whose `python3` is a venv's interpreter holding torch
+(and numpy, h5py, matplotlib, pytest, pytest-xdist, scipy, PyYAML, tqdm) but not the course's
+other packages, no network, at most 8 files back. The stand-in: a venv of this Python whose
+site-packages links exactly those distributions (and what they require) from the course's own
+.venv, first on PATH as `python3`; the course's packages as wheels made from .venv's installed
+copies of tests/device/wheels.txt (the versions the course is tested with; pip cannot build a
+wheel of an installed package, and the network is out: a wheel is a zip of the installed files and
+their .dist-info); PIP_NO_INDEX=1. Then day0.sh's dry run end to end.
+"""
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from coursetools import day0
+from tests.conftest import REPO
+
+SCRIPT = REPO / "tests" / "device" / "day0.sh"
+# What the lent machine's image holds (the issue's list): each with its own requirements.
+MACHINE_HAS = ("torch", "numpy", "h5py", "matplotlib", "pytest", "pytest-xdist", "scipy", "PyYAML",
+               "tqdm")
+
+
+def requirement_closure(names) -> dict[str, metadata.Distribution]:
+    from packaging.requirements import Requirement
+
+    seen, todo = {}, list(names)
+    while todo:
+        name = day0.canonical(todo.pop())
+        if name in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # an optional requirement this venv does not have: the machine lacks it too
+        seen[name] = dist
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def installed_files(dist: metadata.Distribution):
+    """(path in site-packages, file) of an installed distribution: its RECORD, less the scripts
+    in bin/ (../../../bin) and bytecode."""
+    for f in dist.files or []:
+        if not str(f).startswith("..") and "__pycache__" not in f.parts:
+            yield str(f), Path(dist.locate_file(f))
+
+
+def make_machine(folder: Path) -> Path:
+    """A venv (no pip) of the base Python whose site-packages links MACHINE_HAS's files."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = next(folder.glob("lib/python*/site-packages"))
+    for dist in requirement_closure(MACHINE_HAS).values():
+        for top in {name.split("/")[0] for name, _ in installed_files(dist)}:
+            if not (site / top).exists():
+                (site / top).symlink_to(Path(dist.locate_file(top)))
+    return folder / "bin" / "python3"
+
+
+def make_wheels(folder: Path) -> dict[str, str]:
+    """A wheel of each distribution in tests/device/wheels.txt, from .venv's installed copy."""
+    folder.mkdir()
+    made = {}
+    for name, version in day0.wanted().items():
+        dist = metadata.distribution(name)
+        assert dist.version == version, (
+            f"tests/device/wheels.txt pins {name}=={version}, the course's venv has "
+            f"{dist.version}: make them agree (requirements.txt's pins win)")
+        stem = f"{dist.metadata['Name'].replace('-', '_')}-{version}"
+        with zipfile.ZipFile(folder / f"{stem}-py3-none-any.whl", "w") as whl:
+            for arcname, path in installed_files(dist):
+                if arcname.endswith(".so"):
+                    # a compiled build (charset-normalizer's mypyc one): its pure-Python wheel,
+                    # the one make device-wheels fetches, is the same files less the extensions,
+                    # each of which has its .py
+                    assert Path(arcname.split(".cpython")[0] + ".py").name in {
+                        Path(n).name for n, _ in installed_files(dist)}, arcname
+                elif arcname.endswith(".dist-info/WHEEL"):
+                    whl.writestr(arcname, "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
+                                          "Tag: py3-none-any\n")
+                else:
+                    whl.write(path, arcname)
+        made[name] = version
+    return made
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("machine")
+    return make_machine(root / "venv"), make_wheels(root / "wheels"), root / "wheels"
+
+
+def run_day0(python: Path, tmp_path: Path, wheels: Path, script: Path = SCRIPT, **env):
+    full = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
+            "PIP_NO_INDEX": "1", "OUT": str(tmp_path / "out"),
+            "DAY0_SCRATCH": str(tmp_path / "scratch"), "DAY0_WHEELS": str(wheels), **env}
+    full.pop("PY", None)
+    return subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_the_stand_in_is_the_lent_machine(machine):
+    """Its python3 is a venv's, imports torch, and lacks the course's packages and nbformat."""
+    python, _, _ = machine
+    probe = ("import sys, importlib.util as u; import torch; print(sys.prefix != sys.base_prefix, "
+             "[m for m in ('neuralop', 'the_well', 'tensorly', 'tltorch', 'nbformat', 'nbclient') "
+             "if u.find_spec(m)])")
+    r = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ""})
+    assert r.stdout.split() == ["True", "[]"], r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_day0_dry_run_on_a_stand_in_of_the_lent_machine(machine, tmp_path):
+    python, made, wheels = machine
+    r = run_day0(python, tmp_path, wheels, DAY0_DRY_RUN="1", DAY0_SECONDS="240")
+    log = f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, log
+    scratch, out = tmp_path / "scratch", tmp_path / "out"
+    steps = day0.read_steps(scratch / "steps.tsv")
+    assert [(s["name"], s["outcome"]) for s in steps] == [
+        (name, "ok") for name in
+        ("site", "toolchain", "task", "data", "compile", "node", "report", "collect")], log
+    # the environment it built: the machine's own torch, the course's packages from the wheels
+    probe = ("import torch, neuralop, the_well, wellfno.model; "
+             "print(torch.__file__); print(neuralop.__file__)")
+    env = {**os.environ, "PYTHONPATH": f"{scratch / 'site'}{os.pathsep}{REPO}"}
+    where = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=env)
+    torch_file, neuralop_file = where.stdout.split()
+    assert Path(torch_file).resolve() == Path(metadata.distribution("torch").locate_file(
+        "torch/__init__.py")).resolve(), where.stdout + where.stderr
+    assert Path(neuralop_file).is_relative_to(scratch / "site"), neuralop_file
+    record = json.loads((scratch / "site.json").read_text())
+    assert set(record["added"]) == set(made), record  # the stand-in lacks every one of them
+    # what comes back: at most 8 files, none deeper than two folders below OUT
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 0 < len(files) <= day0.MAX_FILES, files
+    assert all(len(p.relative_to(out).parts) <= 3 for p in files), files
+    assert {p.name for p in files} <= set(day0.OUT_FILES), files
+    text = (out / "day0.txt").read_text()
+    assert text.startswith("day-0 check: INCOMPLETE"), text
+    gpu_questions = text.split("GPU questions:\n")[1].split("\n\n")[0].splitlines()
+    assert len(gpu_questions) == 8 and all(
+        "NOT ANSWERED (no GPU: torch sees none)" in line for line in gpu_questions), text
+    assert "GPU check: no GPU: N/A" in text  # the day-0 report, quoted
+    assert (out / "toolchain.txt").read_text().startswith("python ")
+
+
+def test_a_python_without_torch_is_one_error_line(tmp_path):
+    """A machine whose torch cannot be imported: one line naming the Python and what to load."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    r = run_day0(bare / "bin" / "python3", tmp_path, tmp_path / "no-wheels",
+                 PYTHONPATH="", DAY0_DRY_RUN="1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: python3 ("), r.stderr
+    assert str(bare / "bin" / "python3") in lines[0] and "cannot import torch" in lines[0]
+    assert "load the site's PyTorch" in lines[0] and "Traceback" not in r.stdout + r.stderr
+    assert (tmp_path / "out" / "day0.txt").read_text() == f"day-0 check: {lines[0]}\n"
+    assert not (tmp_path / "scratch").exists()
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"DAY0_SCRATCH": "{out}/scratch"}, "is inside OUT"),
+    ({"DAY0_SECONDS": "8m"}, "DAY0_SECONDS=8m is not a whole number of seconds"),
+    ({"DAY0_SCRATCH": "{tmp}/mine"}, "holds files day0.sh did not write"),
+])
+def test_bad_settings_are_one_error_line(tmp_path, env, needle):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not day0.sh's")
+    env = {k: v.format(out=tmp_path / "out", tmp=tmp_path) for k, v in env.items()}
+    r = run_day0(Path(sys.executable), tmp_path, tmp_path / "no-wheels", **env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+    assert (tmp_path / "mine" / "notes.txt").is_file()  # a folder it did not make: left alone
+
+
+def test_missing_packages_without_their_wheels_are_one_error_line(machine, tmp_path):
+    """The stand-in with no .device-wheels/: what it lacks, and `make device-wheels`."""
+    python, _, _ = machine
+    r = subprocess.run([str(python), "-m", "coursetools.day0", "site", "--wheels",
+                        str(tmp_path / "none"), "--target", str(tmp_path / "site")],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "lacks the-well==1.2.0, neuraloperator==2.0.0" in r.stderr
+    assert "run `make device-wheels` where there is a network" in r.stderr
+
+
+def test_site_leaves_the_machines_own_packages_alone(tmp_path):
+    """This venv has every package of the list: nothing unpacked, each reported as the machine's."""
+    record = day0.site(tmp_path / "no-wheels", tmp_path / "site")
+    assert record["added"] == {} and set(record["machine"]) == set(day0.wanted())
+    assert list((tmp_path / "site").iterdir()) == []
+
+
+def test_a_wheel_that_is_not_pure_python_is_refused(tmp_path):
+    with zipfile.ZipFile(tmp_path / "x-1-cp312-cp312-linux_x86_64.whl", "w") as whl:
+        whl.writestr("x-1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
+    with pytest.raises(day0.UserError, match="not a pure-Python wheel"):
+        day0.unpack(tmp_path / "x-1-cp312-cp312-linux_x86_64.whl", tmp_path / "site")
