@@ -15,9 +15,9 @@ The report's first line: PASS when every question was asked and answered right; 
 check failed; INCOMPLETE when nothing failed but some questions were not asked (on one GPU: DDP
 over NCCL/RCCL, its transport, the 2-GPU tests; or a check ran out of its time: `pytest -m gpu`
 past its budget, DDP's or step 06's runs past theirs), each listed on a `NOT ANSWERED (why): ...`
-line: a timeout is a question not answered, never a failure. On a node without a GPU every part still runs, on the
-CPU, and the report says "no GPU: N/A"; with --expect-gpu (a GPU site, GPU_VENDOR in
-slurm/site.env) that is a failure.
+line: a timeout is a question not answered, never a failure. On a node without a GPU every part
+still runs, on the CPU, and the report says "no GPU: N/A"; with --expect-gpu (a GPU site,
+GPU_VENDOR in slurm/site.env) that is a failure.
 """
 from __future__ import annotations
 
