@@ -213,3 +213,46 @@ def test_trajectory_errors_and_report_with_an_oracle(tiny_dataset_dir):
                                                               rel=1e-12)
     assert report["persistence"]["whole_trajectory_per_field"]["B"] == pytest.approx(
         persistence[:, 1].mean(), rel=1e-12)
+
+
+def peak_bytes(fn, path) -> int:
+    """The most memory torch's CPU allocator held while `fn` ran, above what it held before: the
+    profiler's memory records ("[memory]" events: the bytes of each allocation or free and the
+    allocator's "Total Allocated" after it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    prof.export_chrome_trace(str(path))
+    import json
+
+    records = [e["args"] for e in json.loads(path.read_text())["traceEvents"]
+               if e.get("name") == "[memory]"]
+    before = records[0]["Total Allocated"] - records[0]["Bytes"]
+    return max(r["Total Allocated"] for r in records) - before
+
+
+def test_trajectory_errors_hold_no_float64_trajectory(tmp_path):
+    """wellfno.memory.rollout_steps lets a trajectory's float32 true and predicted frames fill half
+    the free memory; scoring them must add a few frames, not float64 copies of whole trajectories
+    (5x as much: the device ran out of memory). Measured against the rollout alone, which the
+    scoring cannot avoid, on a 64-step trajectory."""
+    torch.manual_seed(0)
+    steps, grid, fields = 64, (32, 32), 2
+    sample = dict(input_fields=torch.randn(1, *grid, fields),
+                  output_fields=torch.randn(steps, *grid, fields))
+    model = torch.nn.Conv2d(fields, fields, 1)  # (B, F, *spatial): one input frame
+    frame = 4 * fields * np.prod(grid)  # bytes of a float32 frame
+    inputs, true = sample["input_fields"][None], sample["output_fields"][None]
+    alone = peak_bytes(lambda: rollout(model, inputs, steps), tmp_path / "rollout.json")
+    scored = peak_bytes(lambda: trajectory_errors(model, [sample], "cpu"), tmp_path / "errors.json")
+    assert alone >= steps * frame  # the predictions themselves: the measurement sees them
+    assert scored - alone <= 16 * frame, f"{(scored - alone) / frame:.0f} frames more"
+    # the same numbers as whole float64 trajectories (the reference below: numpy's float64)
+    (model_error,), (persistence_error,) = trajectory_errors(model, [sample], "cpu")
+    pred = rollout(model, inputs, steps)[0].double().numpy()
+    np.testing.assert_allclose(model_error.numpy(), numpy_well_vrmse(pred, true[0].numpy()),
+                               rtol=1e-12)
+    last = np.broadcast_to(inputs[0, -1].double().numpy(), true[0].shape)
+    np.testing.assert_allclose(persistence_error.numpy(), numpy_well_vrmse(last, true[0].numpy()),
+                               rtol=1e-12)
