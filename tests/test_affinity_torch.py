@@ -8,6 +8,7 @@ PCI addresses. We run its real functions on a fixture tree by giving the module 
 from __future__ import annotations
 
 import os
+from inspect import signature
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,9 +40,17 @@ def torch_cpus(monkeypatch, root: Path, allowed: set[int], gpu_pcis: list[str], 
         props.append(SimpleNamespace(pci_domain_id=int(domain, 16), pci_bus_id=int(bus, 16),
                                      pci_device_id=int(devfn.split(".")[0], 16)))
     fake_cuda = SimpleNamespace(device_count=lambda: len(props), get_device_properties=lambda i: props[i])
-    monkeypatch.setattr(binding, "torch", SimpleNamespace(cuda=fake_cuda))
+    # torch up to 2.13 asks torch.cuda; 2.14 torch.accelerator, then the device module it names
+    # (torch/numa/binding.py, _get_device_count, _get_numa_node_index_for_device_index)
+    fake_accelerator = SimpleNamespace(device_count=lambda: len(props), is_available=lambda: True,
+                                       current_accelerator=lambda: "cuda")
+    monkeypatch.setattr(binding, "torch", SimpleNamespace(cuda=fake_cuda, accelerator=fake_accelerator,
+                                                          get_device_module=lambda device: fake_cuda))
     options = binding.NumaOptions(affinity_mode=binding.AffinityMode(mode))
-    return [set(binding._get_logical_cpus_to_bind_to(gpu_index=i, numa_options=options)) for i in range(len(props))]
+    # The keyword of the GPU's index: gpu_index up to torch 2.13, device_index from 2.14 on
+    index = "device_index" if "device_index" in signature(binding._get_logical_cpus_to_bind_to).parameters \
+        else "gpu_index"
+    return [set(binding._get_logical_cpus_to_bind_to(**{index: i}, numa_options=options)) for i in range(len(props))]
 
 
 CASES = [
