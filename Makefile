@@ -29,11 +29,20 @@ venv: $(VENV)/.installed
 
 # Reuse an importable torch (e.g. `module load pytorch` on a cluster, a ROCm or
 # CUDA build) through --system-site-packages; otherwise install $(TORCH_SPEC).
+# A torch that lives in a venv (PYTHON is a venv's interpreter: sys.prefix != sys.base_prefix):
+# --system-site-packages would give the new venv the *base* interpreter's site-packages, without
+# that torch (https://docs.python.org/3/library/venv.html: a venv is made on top of its "base"
+# Python); coursetools/sitevenv.py makes a plain venv that adds that venv's site-packages by a .pth.
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@if [ ! -x $(PY) ]; then \
 	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
-	    echo "Found torch in $(PYTHON): creating $(VENV) with --system-site-packages to reuse it"; \
-	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	    if $(PYTHON) -c "import sys; sys.exit(sys.prefix == sys.base_prefix)"; then \
+	      echo "Found torch in $(PYTHON), a venv's: creating $(VENV) on that venv's site-packages to reuse it"; \
+	      $(PYTHON) -m coursetools.sitevenv $(VENV) || exit 2; \
+	    else \
+	      echo "Found torch in $(PYTHON): creating $(VENV) with --system-site-packages to reuse it"; \
+	      $(PYTHON) -m venv --system-site-packages $(VENV); \
+	    fi; \
 	  else \
 	    $(PYTHON) -m venv $(VENV); \
 	  fi; \

@@ -210,3 +210,40 @@ def test_a_wheel_that_is_not_pure_python_is_refused(tmp_path):
         whl.writestr("x-1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
     with pytest.raises(day0.UserError, match="not a pure-Python wheel"):
         day0.unpack(tmp_path / "x-1-cp312-cp312-linux_x86_64.whl", tmp_path / "site")
+
+
+# --------------------------------------------------------------------------- make venv
+@pytest.mark.slow
+def test_make_venv_reuses_the_torch_of_a_venvs_python(machine, tmp_path):
+    """`make venv PYTHON=<a venv's python with torch>`: the new venv imports THAT torch and
+    installs none of its own. Offline (PIP_NO_INDEX=1) make stops at requirements.txt, the first
+    step that needs the network; everything before it ran."""
+    python, _, _ = machine
+    venv = tmp_path / "venv"
+    r = subprocess.run(["make", "--no-print-directory", "venv", f"VENV={venv}",
+                        f"PYTHON={python}"], cwd=REPO, capture_output=True, text=True,
+                       env={**os.environ, "PIP_NO_INDEX": "1"}, timeout=300)
+    out = r.stdout + r.stderr
+    assert f"Found torch in {python}, a venv's" in out, out
+    assert "pip install -q -r requirements.txt" in out and r.returncode != 0, out  # offline
+    assert "torch==" not in out, out  # the pinned torch never installed
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import sys, torch; print(sys.prefix); print(torch.__file__)"],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
+    prefix, torch_file = probe.stdout.split()
+    assert Path(prefix) == venv, probe.stdout + probe.stderr
+    machine_torch = subprocess.run([str(python), "-c", "import torch; print(torch.__file__)"],
+                                   capture_output=True, text=True).stdout.strip()
+    assert torch_file == machine_torch
+    assert not list(venv.glob("lib/python*/site-packages/torch")), "a torch of its own"
+
+
+def test_sitevenv_refuses_a_folder_that_is_not_empty():
+    from coursetools import sitevenv
+
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("this Python is not a venv's: sitevenv refuses it before the folder")
+    r = subprocess.run([sys.executable, "-m", "coursetools.sitevenv", str(REPO)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "exists and is not empty" in r.stderr and sitevenv.PTH
