@@ -155,6 +155,7 @@ def summarize(trace: dict, top: int = 10) -> dict:
     for row in steps:
         row["syncs"] = sync_rows[row["step"]]["syncs"]
         row["syncs_where"] = sync_rows[row["step"]]["where"]
+        row["ddp_runtime_stats"] = sync_rows[row["step"]]["ddp_runtime_stats"]  # named, not counted
         row.update({k: comm_rows[row["step"]][k] for k in ("collectives", "comm_ms", "overlap_ms")})
     return dict(steps=steps, device=device_breakdown(trace), gpu_busy=gpu_busy(trace),
                 top=top_operators(trace, top))
@@ -196,6 +197,10 @@ def print_result(result: dict, path: Path | None) -> None:
     for row in result["steps"]:
         if row["syncs_where"]:
             print(f"  #{row['step']} syncs in: " + ", ".join(f"{name} x{n}" for name, n in row["syncs_where"].items()))
+    ddp = [f"#{row['step']}" for row in result["steps"] if row["ddp_runtime_stats"]]
+    if ddp:  # torch's own, on DDP's iterations 1-10 and every 100th (profiling/syncs.py)
+        print(f"  not counted: DDP's runtime-stats event synchronize in {', '.join(ddp)} "
+              "(DistributedDataParallel.forward, its iterations 1-10 and every 100th)")
     if result["device"] is not None:
         print("Device time launched by each part (ms of kernels + copies + fills, by the part whose host code "
               "launched them; copies: of which memcpy; runtime: host ms in runtime calls):")

@@ -21,6 +21,16 @@ A host sync is one of:
     cuda_sync record to show for it. CUDA traces name it "Memcpy HtoD (Pageable -> Device)"
     (from pinned memory: "(Pinned -> Device)", no sync). ROCm traces do not say where a copy
     comes from: there it is not counted.
+Not counted, but named (`ddp_runtime_stats` in each step's row): the event synchronizes of DDP's
+own runtime statistics. DistributedDataParallel.forward calls `Logger::set_runtime_stats_and_log`
+first (torch/csrc/distributed/c10d/logger.cpp), which on iterations 1 to 10 and every 100th
+(`Reducer::should_collect_runtime_stats`, num_iterations_ <= 10 or num_iterations_ %
+ddp_runtime_logging_sample_rate_, 100, == 0; torch/csrc/distributed/c10d/reducer.cpp; the count
+is raised in prepare_for_forward, after the check) times the previous iteration with CUDA events, and
+`CudaTimer::measureDifference` calls `event.synchronize()` on them (reducer_cuda.cpp): a
+cudaEventSynchronize inside the `DistributedDataParallel.forward` range, in no aten op, in forwards
+2 to 11 and 101, 201, ... of a run on GPUs. They are torch's, not the training loop's (the default
+`--profile` window, steps 8 to 12 of 12, holds four); a participant cannot remove them.
 One `.item()` on a GPU tensor shows up as several of these (the aten op, a DtoH memcpy, a
 cudaStreamSynchronize and its cuda_sync record). They are one sync: signals are grouped by the
 outermost host op (on the same thread) they happen in, or by the runtime call itself when no op
@@ -48,6 +58,8 @@ SYNC_CALLS = frozenset({
 })
 NOT_BLOCKING_SYNC_KINDS = ("stream wait event",)
 OPTIMIZER_RANGE = re.compile(r"Optimizer\.step#")
+DDP_FORWARD_RANGE = re.compile(r"DistributedDataParallel\.forward$")
+EVENT_SYNC_CALLS = frozenset({"cudaEventSynchronize", "cuEventSynchronize", "hipEventSynchronize"})
 # cudaMemcpyKind / hipMemcpyKind: DeviceToHost is 2 in both runtimes.
 DEVICE_TO_HOST_KIND = 2
 
@@ -69,19 +81,22 @@ def _is_pageable_host_to_device(copy: dict) -> bool:
 
 
 class _Lanes:
-    """Per host thread: its outermost cpu ops and its Optimizer.step ranges, for lookups by time."""
+    """Per host thread: its outermost cpu ops, its Optimizer.step and DistributedDataParallel.forward
+    ranges, for lookups by time."""
 
     def __init__(self, events):
-        ops, optim = defaultdict(list), defaultdict(list)
+        ops, optim, ddp = defaultdict(list), defaultdict(list), defaultdict(list)
         for e in events:
-            lane = (e.get("pid"), e.get("tid"))
+            lane, name = (e.get("pid"), e.get("tid")), str(e.get("name", ""))
             if traces.category(e) == "cpu_op":
                 ops[lane].append(e)
-            elif traces.category(e) == traces.HOST_RANGE and OPTIMIZER_RANGE.match(str(e.get("name", ""))):
+            elif traces.category(e) == traces.HOST_RANGE and OPTIMIZER_RANGE.match(name):
                 optim[lane].append(traces.span(e))
+            elif traces.category(e) == traces.HOST_RANGE and DDP_FORWARD_RANGE.match(name):
+                ddp[lane].append(traces.span(e))
         self.ops = {lane: traces.outermost(v) for lane, v in ops.items()}
         self.starts = {lane: [e["ts"] for e in v] for lane, v in self.ops.items()}
-        self.optim = optim
+        self.optim, self.ddp_forward = optim, ddp
 
     def enclosing_op(self, lane, ts):
         i = bisect.bisect_right(self.starts.get(lane, []), ts) - 1
@@ -94,12 +109,17 @@ class _Lanes:
     def in_optimizer(self, lane, ts) -> bool:
         return any(lo <= ts < hi for lo, hi in self.optim.get(lane, ()))
 
+    def in_ddp_forward(self, lane, ts) -> bool:
+        return any(lo <= ts < hi for lo, hi in self.ddp_forward.get(lane, ()))
 
-def host_syncs(trace: dict) -> list[dict]:
+
+def host_syncs(trace: dict, ddp_runtime_stats: bool = False) -> list[dict]:
     """Every host sync in the trace, in time order: dict(ts, pid, tid, name, signals).
 
     `name` is the host op (or runtime call) the sync happened in; `signals` the evidence, e.g.
     ["aten::_local_scalar_dense", "cudaStreamSynchronize", "cuda_sync: Stream Sync", "DtoH copy"].
+    `ddp_runtime_stats=True`: DDP's own event synchronizes instead (the module docstring), which
+    are not counted.
     """
     events = traces.complete_events(trace)
     lanes = _Lanes(events)
@@ -147,30 +167,38 @@ def host_syncs(trace: dict) -> list[dict]:
         key = (lane, op["ts"]) if op else (lane, ts, fallback)
         group = groups.setdefault(key, dict(ts=op["ts"] if op else ts, pid=lane[0], tid=lane[1],
                                             name=op["name"] if op else fallback, signals=[], device=False,
-                                            in_optimizer=lanes.in_optimizer(lane, ts)))
+                                            in_optimizer=lanes.in_optimizer(lane, ts),
+                                            ddp=op is None and fallback in EVENT_SYNC_CALLS
+                                            and lanes.in_ddp_forward(lane, ts)))
         group["signals"].append(label)
         group["device"] |= touches_device
     # On a GPU trace a read-back that touched no device read host memory: not a sync. On a CPU
     # trace it stands for the GPU's, but for the optimizer's CPU step counters.
-    kept = [g for g in groups.values() if g["device"] or not (gpu_trace or g["in_optimizer"])]
+    kept = [g for g in groups.values() if g["ddp"] == ddp_runtime_stats
+            and (g["device"] or not (gpu_trace or g["in_optimizer"]))]
     for g in kept:
         g["signals"] = sorted(set(g["signals"]))
-        del g["device"], g["in_optimizer"]
+        del g["device"], g["in_optimizer"], g["ddp"]
     return sorted(kept, key=lambda g: g["ts"])
 
 
 def host_syncs_per_step(trace: dict) -> list[dict]:
-    """Per ProfilerStep: dict(step, syncs, where); `where` counts the syncs by the op they happened in.
+    """Per ProfilerStep: dict(step, syncs, where, ddp_runtime_stats); `where` counts the syncs by
+    the op they happened in; `ddp_runtime_stats` DDP's own event synchronizes, not in `syncs`.
 
     UserError if the trace has no ProfilerStep#N.
     """
     steps = traces.profiler_steps(trace)
-    rows = {traces.step_number(s): dict(step=traces.step_number(s), syncs=0, where=Counter()) for s in steps}
-    for sync in host_syncs(trace):
-        for s in steps:
-            if s["ts"] <= sync["ts"] < s["ts"] + s["dur"]:
-                row = rows[traces.step_number(s)]
-                row["syncs"] += 1
-                row["where"][sync["name"]] += 1
-                break
+    rows = {traces.step_number(s): dict(step=traces.step_number(s), syncs=0, where=Counter(),
+                                        ddp_runtime_stats=0) for s in steps}
+    for key, found in (("syncs", host_syncs(trace)),
+                       ("ddp_runtime_stats", host_syncs(trace, ddp_runtime_stats=True))):
+        for sync in found:
+            for s in steps:
+                if s["ts"] <= sync["ts"] < s["ts"] + s["dur"]:
+                    row = rows[traces.step_number(s)]
+                    row[key] += 1
+                    if key == "syncs":
+                        row["where"][sync["name"]] += 1
+                    break
     return [dict(row, where=dict(row["where"])) for row in rows.values()]

@@ -237,6 +237,41 @@ def test_a_cpu_tensors_read_back_is_no_sync_on_a_gpu_trace():
     assert (row["syncs"], row["where"]) == (2, {"aten::item": 2})
 
 
+def ddp_gpu_steps() -> dict:
+    """Two CUDA steps of a DDP run as Kineto writes them. Step 3: DistributedDataParallel.forward
+    (a record_function range, torch/nn/parallel/distributed.py) starts with DDP's runtime stats,
+    a cudaEventSynchronize in no aten op (with CUPTI's Event Sync record), then the model's ops.
+    Step 4: the loop's own torch.cuda.Event.synchronize(), outside DDP's forward."""
+    host = dict(pid=1, tid=1)
+    events = []
+    for n, t in ((3, 0), (4, 1000)):
+        events.append(dict(ph="X", cat="user_annotation", name=f"ProfilerStep#{n}", ts=t, dur=1000, **host))
+        events.append(dict(ph="X", cat="user_annotation", name="forward", ts=t + 10, dur=300, **host))
+        events.append(dict(ph="X", cat="user_annotation", name="DistributedDataParallel.forward",
+                           ts=t + 20, dur=280, **host))
+        events.append(dict(ph="X", cat="cpu_op", name="aten::conv1d", ts=t + 100, dur=50, **host))
+    for ts, corr in ((30, 11), (1500, 12)):  # DDP's (step 3), the loop's (step 4)
+        events.append(dict(ph="X", cat="cuda_runtime", name="cudaEventSynchronize", ts=ts, dur=40,
+                           args=dict(correlation=corr), **host))
+        events.append(dict(ph="X", cat="cuda_sync", name="Event Sync", ts=ts + 5, dur=30, pid=0,
+                           tid=7, args=dict(correlation=corr, cuda_sync_kind="Event Sync")))
+    return {"traceEvents": events}
+
+
+def test_ddps_runtime_stats_syncs_are_named_not_counted():
+    # DDP's event synchronize (forwards 2-11 and every 100th: reducer.cpp's
+    # should_collect_runtime_stats) is torch's, not the loop's: named, not counted. The loop's
+    # own event synchronize is counted, once with its CUPTI record.
+    rows = syncs.host_syncs_per_step(ddp_gpu_steps())
+    assert [(r["step"], r["syncs"]) for r in rows] == [(3, 0), (4, 1)]
+    assert [r["ddp_runtime_stats"] for r in rows] == [1, 0]
+    assert rows[1]["where"] == {"cudaEventSynchronize": 1}
+    (ddp,) = syncs.host_syncs(ddp_gpu_steps(), ddp_runtime_stats=True)
+    assert (ddp["ts"], ddp["signals"]) == (30, ["cudaEventSynchronize", "cuda_sync: Event Sync"])
+    summary = summarize.summarize(ddp_gpu_steps())  # the printed summary names them apart
+    assert [(r["syncs"], r["ddp_runtime_stats"]) for r in summary["steps"]] == [(0, 1), (1, 0)]
+
+
 def ddp_worker(rank, world_size, out):
     """Rank of a 2-process gloo DDP run: 5 steps, the last 3 profiled, the middle one under no_sync()."""
     import torch.distributed as dist
