@@ -14,7 +14,7 @@ OLDEST_VENV ?= .venv-oldest
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test test-matrix test-fast test-oldest venv venv-oldest device-wheels data clean help results
+.PHONY: demo test test-matrix test-fast test-oldest test-newest venv venv-oldest device-wheels data clean help results
 
 help:
 	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
@@ -22,6 +22,7 @@ help:
 	@echo "make test-matrix  every earlier step's checks on every later solution (long)"
 	@echo "make test-fast  the suite without slow and Slurm tests (1-2 minutes on 2 cores)"
 	@echo "make test-oldest  the oldest supported torch's checks ($(OLDEST_TORCH_SPEC) in $(OLDEST_VENV); make venv-oldest)"
+	@echo "make test-newest  the same checks on the newest torch wheel ($(NEWEST_TORCH_SPEC) in $(NEWEST_VENV))"
 	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
 	@echo "make results  re-measure every results/*.json the docs quote, then regenerate their tables (ONLY=\"name ...\" for some)"
 
@@ -93,6 +94,17 @@ OLDEST_TESTS ?= tests/test_nccl_seam.py tests/test_oldest_torch.py tests/test_dd
 test-oldest: venv-oldest
 	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm" tests
 	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider $(OLDEST_TESTS)
+
+# The newest torch wheel (INSTRUCTORS.md's version table): the oldest leg's tests in a venv of its
+# own. Not part of make test (another torch download, another few minutes); run it by hand when
+# a new torch comes out.
+NEWEST_TORCH_SPEC ?= torch==2.14.1
+NEWEST_VENV ?= .venv-newest
+test-newest:
+	@[ -x $(NEWEST_VENV)/bin/python ] || $(PYTHON) -m venv $(NEWEST_VENV)
+	$(MAKE) --no-print-directory venv VENV=$(NEWEST_VENV) TORCH_SPEC=$(NEWEST_TORCH_SPEC)
+	$(NEWEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm" tests
+	$(NEWEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider $(OLDEST_TESTS)
 
 # Every earlier step's checks on every later solution (make test: each on its own solution).
 test-matrix: venv
