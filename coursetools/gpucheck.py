@@ -568,7 +568,7 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
 
 # --------------------------------------------------------------------------- report
 def build_report(tasks: list[dict], node: dict | None, expect_gpu: bool) -> dict:
-    problems = []
+    problems, warnings = [], []
     if not tasks:
         problems.append("no task results (did the srun step run?)")
     for t in tasks:
@@ -584,8 +584,13 @@ def build_report(tasks: list[dict], node: dict | None, expect_gpu: bool) -> dict
         if expect_gpu and len(t["gpus"]) > 1:
             problems.append(f"rank {t['rank']}: sees {len(t['gpus'])} GPUs, expected one per task")
         for g in t["gpus"]:
+            # Slower, not wrong: LUMI's docs, "Correct CPU and GPU binding is important to get the
+            # best performance" (docs.lumi-supercomputer.eu, distribution-binding, GPU Binding),
+            # and affinity/bind.py warns and carries on. A warning, listed, never FAIL.
             if g.get("match") == "NO":
-                problems.append(f"rank {t['rank']}: its CPUs are not on GPU {g['index']}'s NUMA node ({g['placement']})")
+                warnings.append(f"rank {t['rank']}: its CPUs are not on GPU {g['index']}'s NUMA node "
+                                f"({g['placement']}): it runs, slower; ask Slurm for CPUs next to the "
+                                "GPUs (--gpu-bind=closest, or the site's --cpu-bind masks)")
     seen = [g.get("pci") for t in tasks for g in t["gpus"] if g.get("pci")]
     if len(seen) != len(set(seen)):
         problems.append(f"two tasks share a GPU: {sorted(seen)}")
@@ -605,7 +610,7 @@ def build_report(tasks: list[dict], node: dict | None, expect_gpu: bool) -> dict
         status = NO_GPU
     else:
         status = INCOMPLETE if unanswered else "PASS"
-    return {"status": status, "problems": problems, "not_answered": unanswered,
+    return {"status": status, "problems": problems, "not_answered": unanswered, "warnings": warnings,
             "expect_gpu": expect_gpu, "tasks": tasks, "node": node}
 
 
@@ -709,6 +714,8 @@ def report_text(rep: dict) -> str:
         whys = "; ".join(sorted({q["why"] for q in unanswered}))
         status = (f"{INCOMPLETE}: {len(unanswered)} question(s) NOT ANSWERED ({whys}), listed at "
                   f"the end; every check this node could run passed")
+    if rep.get("warnings"):  # the first line says there is more to read
+        status += f" with {len(rep['warnings'])} WARNING(s), listed at the end"
     lines = [f"GPU check: {status}   (CPU: {cpu_model()})"]
     lines += version_lines(rep["tasks"])
     for t in rep["tasks"]:
@@ -746,6 +753,8 @@ def report_text(rep: dict) -> str:
         lines.append(f"NOT ANSWERED ({q['why']}): {q['question']}")
     for p in rep["problems"]:
         lines.append(f"PROBLEM: {p}")
+    for w in rep.get("warnings", []):
+        lines.append(f"WARNING: {w}")
     return "\n".join(lines) + "\n"
 
 
