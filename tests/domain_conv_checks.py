@@ -9,17 +9,38 @@ import json
 import re
 from pathlib import Path
 
-from tests.checks import last_error_line, require, task
+from tests.checks import OPTION_TASKS, last_error_line, require, task
 from tests.ddp_helpers import launch
-from wellfno import domain_check
+from wellfno import domain, domain_check
 from wellfno.cli import UserError
+
+
+def later_steps_options(script) -> list[str]:
+    """The options of exercises after 13 (tests/checks.py's OPTION_TASKS) that the script's
+    source names: a later step's script (exercise 14 starts from solution 13, which trains with
+    wellfno.domain's convolution) when there are any."""
+    source = Path(script).read_text()
+    return [option for option, (exercise, _) in OPTION_TASKS.items()
+            if exercise > "13" and f'"{option}"' in source]
+
+
+def trains_with_wellfno_domain(script_module) -> bool:
+    """The script's spectral convolution is wellfno.domain's: it imports that module, as solution
+    13 does (split_model), or its DomainSpectralConv by name."""
+    own = getattr(script_module, "DomainSpectralConv", None)
+    return own is domain_check.REFERENCE or (own is None and getattr(script_module, "domain", None)
+                                             is domain)
 
 
 def convolution_under_test(request, script, script_module):
     """The participant's own DomainSpectralConv (--script: wellfno.domain_check's contract), else
-    wellfno.domain's, which the reference solution uses through split_model; one sentence if the
-    participant's script has none of its own."""
+    wellfno.domain's, which the reference solution uses through split_model, and so may a later
+    step's script; one sentence if the participant's step-13 script has none of its own."""
     if request.config.getoption("--script") is None:
+        return domain_check.REFERENCE
+    # Exercise 13's own convolution is asked of the step-13 script. A later step's script may
+    # train with wellfno.domain's, as the solutions from 13 on do: that is the one checked then.
+    if trains_with_wellfno_domain(script_module) and later_steps_options(script):
         return domain_check.REFERENCE
     refused = None
     try:

@@ -8,6 +8,8 @@ Runs each check with the README's arguments (all 14 in one pytest process, below
 quick checks only (`-m "not slow"`, so each run takes seconds), or, where a check-your-work file
 has no quick check that the previous step fails, a few cheap slow ones picked by name. Adding an
 exercise: one line in CASES (its check, the previous step's script, its number, which checks).
+PLANTED: mistakes planted in a copy of a correct script, each of which must fail its exercise's
+checks with a sentence naming the task that fixes it (and what is wrong).
 """
 from __future__ import annotations
 
@@ -48,6 +50,46 @@ CASES = [
     ("tests/test_13_domain_parallel.py", "solutions/12_checkpointing/fno.py", "13", None),
     ("tests/test_14_long_rollouts.py", "solutions/13_domain_parallel/fno.py", "14", None),
 ]
+# Mistakes planted in a copy of the exercise's solution: (name, check file, the solution, [(a text
+# of it, the mistake in its place)], exercise, -k of the checks that must catch it, the tasks a
+# sentence may name, a word it must say).
+SOLUTION_14 = "solutions/14_long_rollouts/fno.py"
+PER_RANK_NOISE = '''
+
+class {name}(unrolled.RolloutLoss):  # the mistake: each rank draws noise for its own samples
+    def add_noise(self, x):
+        if not self.noise:
+            return x
+        frames = x[:, :self.frame_channels]
+        return torch.cat([frames + self.noise * torch.randn_like(frames),
+                          x[:, self.frame_channels:]], dim=1)
+'''
+PLANTED = [
+    # a resumed run (on any world size) draws epoch 1's noise and N again in epoch 2
+    ("14-no-set-epoch", "tests/test_14_long_rollouts.py", SOLUTION_14,
+     [("        rollout_loss.set_epoch(epoch, len(train_loader))", "        pass")], "14",
+     "resumed_run", {4}, "set_epoch"),
+    # one step's FLOPs for the whole K-step rollout's
+    ("14-one-step-flops", "tests/test_14_long_rollouts.py", SOLUTION_14,
+     [("counted = unrolled.training_flops_per_sample(model, example, targets, rollout_loss)",
+       "counted = flops.training_flops_per_sample(model, example, targets[:, 0], loss_fn)")], "14",
+     "flops_are_the_whole", {3}, "FLOPs"),
+    # noise drawn per rank with randn_like, in the script's own RolloutLoss (its quick check) ...
+    ("14-noise-per-rank", "tests/test_14_long_rollouts.py", SOLUTION_14,
+     [("from wellfno.toolchain import check_compiler\n", "from wellfno.toolchain import "
+       "check_compiler\n" + PER_RANK_NOISE.format(name="RolloutLoss")),
+      ("rollout_loss = unrolled.RolloutLoss(", "rollout_loss = RolloutLoss(")], "14",
+     "noise_of_a_sample", {4}, "noise"),
+    # ... and under another name, which only training on 2 ranks against 1 shows
+    ("14-noise-per-rank-2-ranks", "tests/test_14_long_rollouts.py", SOLUTION_14,
+     [("from wellfno.toolchain import check_compiler\n", "from wellfno.toolchain import "
+       "check_compiler\n" + PER_RANK_NOISE.format(name="PerRankNoise")),
+      ("rollout_loss = unrolled.RolloutLoss(", "rollout_loss = PerRankNoise(")], "14",
+     "two_ranks and noise", {4}, "noise"),
+]
+# Exercises none of whose checks may pass on the previous step's script (a check that passes
+# there checks nothing of the exercise; a check of the repository's own code skips with --script).
+NONE_MAY_PASS = {"14"}
 # Checks that must fail on the previous step's script (a check that passes there checks nothing).
 MUST_FAIL = {"07": ["test_a_failing_rank_ends_every_rank_within_seconds[script-die]"],
              "08": ["test_log_every_changes_only_when_numbers_are_read[script]"],
@@ -85,15 +127,53 @@ def pytest_args(check, previous, chosen) -> list[str]:
             "--script", previous]
 
 
+def planted(tmp, name, solution, mistakes) -> str:
+    """A copy of `solution` in `tmp` with `mistakes` in it (each text found once, or the
+    solution changed under the mistake: plant it again)."""
+    text = (REPO / solution).read_text()
+    for correct, wrong in mistakes:
+        assert text.count(correct) == 1, f"{name}: {correct!r} is not once in {solution}"
+        text = text.replace(correct, wrong)
+    path = tmp / f"{name}.py"
+    path.write_text(text)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
-def reports() -> dict:
-    """exercise -> (pytest's exit status, its report) of each case's check on the previous step."""
+def reports(tmp_path_factory) -> dict:
+    """exercise (or planted mistake) -> (pytest's exit status, its report) of each case's check
+    on the previous step (on the planted copy)."""
+    tmp = tmp_path_factory.mktemp("planted")
     cases = [pytest_args(check, previous, chosen) for check, previous, _, chosen in CASES]
+    cases += [pytest_args(check, planted(tmp, name, solution, mistakes), chosen)
+              for name, check, solution, mistakes, _, chosen, _, _ in PLANTED]
+    # the same check file twice in the process (a planted case): pytest imports it once
     result = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(cases)], cwd=REPO,
-                            capture_output=True, text=True, timeout=1200)
+                            capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, f"the checks' runner failed:\n{result.stderr[-3000:]}"
     runs = json.loads(result.stdout.rsplit("\nREPORTS ", 1)[-1])
-    return {case[2]: tuple(run) for case, run in zip(CASES, runs)}
+    names = [case[2] for case in CASES] + [case[0] for case in PLANTED]
+    return {name: tuple(run) for name, run in zip(names, runs)}
+
+
+def failure_sentences(out: str, where: str, failed: list) -> list[str]:
+    """Each failure's own section of a report, checked to be one sentence naming a task, with no
+    dump of values."""
+    # each failure's own section: the text between its header line and the next one
+    sections = re.split(r"^_+ .+ _+$", out.split("short test summary info")[0], flags=re.M)[1:]
+    assert len(sections) == len(failed), \
+        f"{len(failed)} failures but {len(sections)} sections:\n{out[-2000:]}"
+    sentences = []
+    for section in sections:
+        lines = section.strip().splitlines()
+        sentence = "\n".join(line for line in lines if not line.startswith("="))
+        assert TASK.search(sentence), f"{where}: a failure names no task:\n{sentence[:1500]}"
+        said = [line for line in sentence.splitlines()  # conftest's summary ends the last one
+                if line.strip() and not line.startswith("time by kind:")]
+        assert len(said) == 1, f"{where}: a failure is not one sentence:\n{sentence[:1500]}"
+        assert not DUMPS.search(sentence), f"{where}: a failure dumps values:\n{sentence[:1500]}"
+        sentences.append(said[0])
+    return sentences
 
 
 @pytest.mark.slow  # a pytest run per exercise, each running the previous step
@@ -108,17 +188,27 @@ def test_failures_on_the_previous_step_name_their_task(reports, check, previous,
     for test in MUST_FAIL.get(exercise, []):
         assert any(found[1].endswith("::" + test) for found in failed), \
             f"{check}'s {test} passes on {previous}, which has nothing of exercise {exercise}"
-    # each failure's own section: the text between its header line and the next one
-    sections = re.split(r"^_+ .+ _+$", out.split("short test summary info")[0], flags=re.M)[1:]
-    assert len(sections) == len(failed), \
-        f"{len(failed)} failures but {len(sections)} sections:\n{out[-2000:]}"
-    for section in sections:
-        lines = section.strip().splitlines()
-        sentence = "\n".join(line for line in lines if not line.startswith("="))
-        where = f"{check} on {previous}"
-        assert TASK.search(sentence), f"{where}: a failure names no task:\n{sentence[:1500]}"
-        said = [line for line in sentence.splitlines()  # conftest's summary ends the last one
-                if line.strip() and not line.startswith("time by kind:")]
-        assert len(said) == 1, f"{where}: a failure is not one sentence:\n{sentence[:1500]}"
+    if exercise in NONE_MAY_PASS:
+        passed = re.search(r"(\d+) passed", out.strip().splitlines()[-1])
+        assert passed is None, (f"{passed.group(1)} of {check}'s checks pass on {previous}, which "
+                                f"has nothing of exercise {exercise}:\n{out[-1500:]}")
+    for sentence in failure_sentences(out, f"{check} on {previous}", failed):
         assert f"(exercise {exercise}, task" in sentence, sentence[:1500]
-        assert not DUMPS.search(sentence), f"{where}: a failure dumps values:\n{sentence[:1500]}"
+
+
+@pytest.mark.slow  # a pytest run per planted mistake, in the same runner as the cases above
+@pytest.mark.parametrize("name, check, solution, mistakes, exercise, chosen, tasks, word",
+                         PLANTED, ids=[case[0] for case in PLANTED])
+def test_planted_mistakes_fail_naming_their_task(reports, name, check, solution, mistakes,
+                                                 exercise, chosen, tasks, word):
+    status, out = reports[name]
+    where = f"{check} -k '{chosen}' on {solution} with the mistake {name}"
+    assert status == 1, f"{where}: expected failures, got exit {status}:\n{out[-2000:]}"
+    failed = SUMMARY.findall(out)
+    assert failed, f"{where}: no FAILED/ERROR lines in:\n{out[-2000:]}"
+    for sentence in failure_sentences(out, where, failed):
+        named = {number for ex, number in re.findall(r"\(exercise (\d\d), task O?(\d+)\)",
+                                                     sentence) if ex == exercise}
+        assert named and named <= {str(t) for t in tasks}, \
+            f"{where}: the failure names task(s) {sorted(named)}, not {sorted(tasks)}: {sentence}"
+        assert word in sentence, f"{where}: the failure does not say '{word}': {sentence}"
