@@ -486,39 +486,7 @@ def test_two_ranks_of_b_train_as_one_rank_of_2b(script, tiny_data_dir, tmp_path,
 
 
 # ------------------------------------------------------------------ the measurement (compare.py)
-@pytest.mark.slow
-def test_compare_writes_every_run_and_the_verdict(repository_only, tiny_data_dir, tmp_path):
-    """compare.py on the tiny data, 2 variants x 2 seeds, 1 epoch: every run trained and scored
-    by wellfno.evaluate, the summary the mean of the runs, the figure and the results file."""
-    results = tmp_path / "results.json"
-    result = run(REPO / "solutions/14_long_rollouts/compare.py", "--variants", "fno.py",
-                 "noise-0.1", "--seeds", "0", "1", "--epochs", "1", "--data-dir", tiny_data_dir,
-                 "--out", tmp_path / "out", "--results", results, "--jobs", "2", timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    written = json.loads(results.read_text())
-    assert written["command"].startswith("python solutions/14_long_rollouts/compare.py")
-    data = written["data"]
-    assert (tmp_path / "out" / "compare.png").stat().st_size > 1000
-    assert data["steps"] == 11 and data["trajectories"] == 2
-    for variant in ("fno.py", "noise-0.1"):
-        runs = data["runs"][variant]
-        assert [r["seed"] for r in runs] == [0, 1]
-        for r in runs:  # the run's own evaluation.json, read back
-            path = tmp_path / "out" / variant / f"seed{r['seed']}"
-            report = json.loads((path / "evaluation.json").read_text())
-            assert r["whole_trajectory"] == report["model"]["whole_trajectory"]
-            assert r["step_1"] == report["model"]["per_step"][0]
-        summary = data["summary"][variant]
-        assert summary["whole_trajectory"] == pytest.approx(
-            sum(r["whole_trajectory"] for r in runs) / 2, rel=1e-12)
-    assert data["runs"]["noise-0.1"][0]["flops_per_sample"] > 0
-    assert data["runs"]["fno.py"][0]["flops_per_sample"] is None  # fno.py counts none
-    verdict = data["verdict"]
-    assert verdict["variant"] == "noise-0.1" and verdict["step_1_ratio"] == pytest.approx(
-        data["summary"]["noise-0.1"]["step_1"] / data["summary"]["fno.py"]["step_1"])
-    assert "issue 36's conditions on noise-0.1" in result.stdout
-
-
+# compare.py's whole run on tiny data: tests/test_14_compare.py::test_compare_end_to_end_on_tiny_data
 def test_compare_knows_the_solutions_default(repository_only):
     """compare.py's DEFAULT is the variant run with no flags, and every other variant's flags are
     options solution 14 has."""
