@@ -24,11 +24,15 @@ import argparse
 import importlib.metadata as metadata
 import json
 import re
+import shlex
 import shutil
+import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
+from benchtools.resultfiles import write_result
 from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,6 +115,130 @@ def site(wheels: Path, target: Path, listing: Path = WHEEL_LIST) -> dict:
     return record
 
 
+# --------------------------------------------------------------------------- ladder
+# The course's ladder, each row the script of the step that adds its idea, against the row it
+# builds on: (row, script, options, index of the row it is compared with). The loader options
+# (02's) stay on from 02 on, so that each later row adds its own idea only.
+NO_SYNCS = ["--log-every", "100000"]  # never read back inside the timed steps (08's idea)
+LADDER = (
+    ("fno.py", "fno.py", [], None),
+    ("02 data pipeline", "solutions/02_data_pipeline/fno.py", ["{loader}"], 0),
+    ("08 no host syncs", "solutions/08_host_syncs/fno.py", ["{loader}", "{bind}", *NO_SYNCS], 1),
+    ("09 mixed precision (bf16)", "solutions/09_mixed_precision/fno.py",
+     ["{loader}", "{bind}", *NO_SYNCS, "--amp", "bf16"], 2),
+    ("11 torch.compile", "solutions/11_compile/fno.py",
+     ["{loader}", "{bind}", *NO_SYNCS, "--compile"], 2),
+)
+
+
+def _options(options: list[str], workers: int, gpu: bool) -> list[str]:
+    loader = ["--num-workers", str(workers), "--fast-reader"] + (["--pin-memory"] if gpu else [])
+    out = []
+    for o in options:
+        out += loader if o == "{loader}" else ["--bind", "none"] if o == "{bind}" else [o]
+    return out
+
+
+def _flops_per_sample(dataset_dir: Path) -> float:
+    """FLOPs of one training sample of the scripts' default model (width 32) on this dataset:
+    the rows' metrics.json before step 10 have none (solutions/11_compile/benchmark.py counts the
+    same way)."""
+    import torch
+
+    from wellfno import data, flops
+    from wellfno.model import NextFrameFNO
+
+    splits = data.well_datasets(dataset_dir, 1)
+    fields = len(data.channel_names(splits["train"]))
+    grid = tuple(splits["train"][0]["input_fields"].shape[1:3])
+    ones = torch.ones(fields)
+    model = NextFrameFNO(fields, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones,
+                                         std_delta=ones))
+    x = torch.zeros(2, fields, *grid)
+    return flops.training_flops_per_sample(model, x, x[:, :fields], model.loss)["per_sample"]
+
+
+def ladder(data_dir: Path, out: Path, steps: int, row_seconds: float, seconds: float,
+           device_name: str, workers: int, compile_row: bool, first_rows: int = len(LADDER)
+           ) -> dict:
+    """Each row's training samples/s (its metrics.json: the run's first step left out), GFLOP/s
+    and MFU against the device's cited peak (wellfno.flops.GPU_PEAKS) for its precision; a row
+    past its time, or refused, is skipped with the reason."""
+    import torch
+
+    from wellfno import data, flops
+    from wellfno.device import pick_device
+
+    device = pick_device(device_name)
+    gpu = device.type == "cuda"
+    dataset_dir = data.resolve_dataset(str(data_dir), data.EMBEDDED)
+    per_sample = _flops_per_sample(dataset_dir)
+    peak = flops.device_peak(device)
+    deadline = time.monotonic() + seconds
+    rows, best = [], []
+    for i, (name, script, options, against) in enumerate(LADDER):
+        row = {"row": name, "against": None if against is None else LADDER[against][0],
+               "speedup_of": "samples/s", "speedup": None, "skipped": None}
+        opts = _options(options, workers, gpu)
+        row["command"] = " ".join([script, *opts])
+        if i >= first_rows:
+            row["skipped"] = f"left out (--rows {first_rows})"
+        elif name.startswith("11") and not compile_row:
+            row["skipped"] = "compile left out (a CPU's Inductor compile takes minutes)"
+        allowed = min(row_seconds, deadline - time.monotonic())
+        if row["skipped"] is None and allowed < 5:
+            row["skipped"] = "no time left"
+        metrics = None
+        if row["skipped"] is None:
+            run_out = out.parent / "runs" / name.split()[0]
+            cmd = [sys.executable, str(REPO / script), "--data-dir", str(data_dir), "--out",
+                   str(run_out), "--epochs", "1000", "--max-steps", str(steps), "--seed", "0",
+                   "--device", device.type, *opts]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=allowed,
+                                   cwd=REPO)
+            except subprocess.TimeoutExpired:
+                row["skipped"] = f"timed out after {allowed:.0f} s"
+            else:
+                if r.returncode:
+                    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+                    row["skipped"] = (errors or r.stderr.strip().splitlines()[-1:] or ["?"])[-1]
+                    row["failed"] = not errors  # a refusal says why in one line; else a crash
+                else:
+                    metrics = json.loads((run_out / "metrics.json").read_text())
+        best.append(metrics)
+        if metrics is not None:
+            amp = "bf16" if "--amp" in opts else "none"
+            fps = metrics.get("flops_per_sample") or per_sample
+            use = flops.utilization(fps, metrics["samples_per_second"], peak, amp)
+            row.update(samples_per_s=metrics["samples_per_second"], flops_per_sample=fps,
+                       achieved_flops_per_s=use["achieved_flops_per_s"],
+                       peak_flops_per_s=use["peak_flops_per_s"],
+                       peak_precision=use["peak_precision"], mfu=use["mfu"],
+                       peak_memory_bytes=metrics.get("peak_memory_bytes"),
+                       peak_memory_of=metrics.get("peak_memory_of"),
+                       compile_seconds=metrics.get("compile_seconds"))
+            if against is not None and best[against] is not None:
+                row["speedup"] = (metrics["samples_per_second"]
+                                  / best[against]["samples_per_second"])
+        else:
+            row.update(dict.fromkeys(("samples_per_s", "flops_per_sample", "achieved_flops_per_s",
+                                      "peak_flops_per_s", "peak_precision", "mfu",
+                                      "peak_memory_bytes", "peak_memory_of", "compile_seconds")))
+        rows.append(row)
+        print(f"{name}: " + (f"skipped: {row['skipped']}" if row["skipped"] else
+                             f"{row['samples_per_s']:.1f} samples/s"), flush=True)
+    grid = "x".join(map(str, data.well_datasets(dataset_dir, 1)["train"][0]["input_fields"]
+                        .shape[1:3]))
+    result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if gpu else None,
+              "peak_device": peak.name, "peak_source": peak.source, "steps": steps,
+              "grid": grid, "workers": workers, "rows": rows}
+    command = shlex.join(["python", "-m", "coursetools.day0", "ladder", *sys.argv[2:]])
+    write_result(out, command, result, device)
+    print(flops.efficiency_markdown(rows))
+    return result
+
+
 # --------------------------------------------------------------------------- summary
 def read_steps(path: Path) -> list[dict]:
     """day0.sh's record: one `name<TAB>exit code<TAB>seconds<TAB>budget<TAB>note` line a step."""
@@ -135,7 +263,23 @@ def _q(question: str, outcome: str, text: str) -> dict:
     return {"question": question, "outcome": outcome, "text": text}
 
 
-def questions(steps: dict[str, dict], report: dict | None, gpus: int) -> list[dict]:
+def _ladder_answer(question: str, result: dict | None) -> dict:
+    rows = ((result or {}).get("data") or {}).get("rows") or []
+    done = [r for r in rows if not r["skipped"]]
+    if any(r.get("failed") for r in rows):
+        return _q(question, "failed", "; ".join(f"{r['row']}: {r['skipped']}" for r in rows
+                                                if r.get("failed")))
+    if not done:
+        return _q(question, "not answered", "; ".join(f"{r['row']}: {r['skipped']}" for r in rows)
+                  or "no ladder.json")
+    mfu = lambda r: "" if r["mfu"] is None else f", MFU {100 * r['mfu']:.2f}%"  # noqa: E731
+    return _q(question, "ok", "; ".join(
+        f"{r['row']} {r['samples_per_s']:.0f} samples/s{mfu(r)}" if not r["skipped"]
+        else f"{r['row']} skipped ({r['skipped']})" for r in rows))
+
+
+def questions(steps: dict[str, dict], report: dict | None, gpus: int,
+              ladder_result: dict | None = None) -> list[dict]:
     """Each GPU question of the day: answered (its answer), failed, or NOT ANSWERED (why)."""
     from coursetools import gpucheck
 
@@ -150,6 +294,7 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int) -> list[di
         ("node", "step 06 --compile against float32 on the GPU"),
         ("node", "pytest -m gpu"),
         ("compile", "solution 11 --compile on the GPU (Inductor on the FNO's complex ops)"),
+        ("ladder", "the course's ladder on the GPU (samples/s, MFU; ladder.json)"),
     ]
     out = []
     for step_name, question in asked:
@@ -160,6 +305,8 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int) -> list[di
             out.append(_q(question, "not answered", "its step did not run"))
         elif step["outcome"] != "ok":
             out.append(_q(question, step["outcome"], step["why"]))
+        elif step_name == "ladder":
+            out.append(_ladder_answer(question, ladder_result))
         elif step_name == "compile":
             out.append(_q(question, "ok", f"compiled and trained 3 steps ({step['seconds']} s)"))
         elif step_name == "task":
@@ -169,6 +316,8 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int) -> list[di
                           f"wrong on {', '.join(bad)}" if bad else "right on every GPU"))
         else:
             out.append(_node_answer(question, node, gpucheck))
+    for (step_name, _), q in zip(asked, out):
+        q["step"] = step_name
     return out
 
 
@@ -227,9 +376,19 @@ def summary(scratch: Path, out: Path, gpus: int, dry_run: bool) -> int:
     steps = {s["name"]: s for s in steps_list}
     report_file = scratch / "gpu" / "gpu_check.json"
     report = json.loads(report_file.read_text()) if report_file.is_file() else None
-    asked = questions(steps, report, gpus)
+    node, rep = steps.get("node"), steps.get("report")
+    if (node and node["outcome"] == "not answered" and rep and rep["outcome"] == "failed"
+            and report and all(p.startswith("no node results") for p in report["problems"])):
+        # the report failed only for want of the node step's results, and that step ran out of
+        # its time: its questions are NOT ANSWERED, not failed
+        rep.update(outcome="not answered", why=f"the node step {node['why']}")
+    ladder_file = scratch / "ladder" / "ladder.json"
+    ladder_result = json.loads(ladder_file.read_text()) if ladder_file.is_file() else None
+    asked = questions(steps, report, gpus, ladder_result)
     failed_steps = [s for s in steps_list if s["outcome"] == "failed"]
-    failed = [q for q in asked if q["outcome"] == "failed"]
+    # a wrong answer of a step that finished (a failed step's questions are that one failure)
+    failed = [q for q in asked if q["outcome"] == "failed"
+              and (steps.get(q["step"]) or {}).get("outcome") == "ok"]
     unanswered = [q for q in asked if q["outcome"] == "not answered"]
     if failed_steps or failed:
         verdict = (f"FAIL: {len(failed_steps)} step(s) failed, {len(failed)} question(s) "
@@ -250,6 +409,13 @@ def summary(scratch: Path, out: Path, gpus: int, dry_run: bool) -> int:
         state = {"ok": "", "failed": "FAILED: ", "not answered": "NOT ANSWERED "}[q["outcome"]]
         text = f"({q['text']})" if q["outcome"] == "not answered" else q["text"]
         lines.append(f"  {q['question']}: {state}{text}")
+    if ladder_result:
+        from benchtools.resultfiles import caption
+        from wellfno.flops import efficiency_markdown
+
+        got = ladder_result["data"]
+        lines += ["", f"the ladder (ladder.json; {caption(ladder_result)}; grid {got['grid']}, "
+                      f"peak {got['peak_device']}):", efficiency_markdown(got["rows"])]
     gpu_text = scratch / "gpu" / "gpu_check.txt"
     if gpu_text.is_file():
         lines += ["", "the day-0 report (gpu_check.txt):", gpu_text.read_text().rstrip()]
@@ -282,6 +448,17 @@ def main(argv=None) -> int:
     s.add_argument("--wheels", required=True, help="folder of wheels (make device-wheels)")
     s.add_argument("--target", required=True, help="folder to unpack them into (on PYTHONPATH)")
     s.add_argument("--record", help="write what came from where here (JSON)")
+    lad = sub.add_parser("ladder", help="the course's ladder: samples/s and MFU of each step")
+    lad.add_argument("--data-dir", required=True, help="folder that holds datasets/")
+    lad.add_argument("--out", required=True, help="the results file (JSON) to write")
+    lad.add_argument("--steps", type=int, default=40, help="training steps per row")
+    lad.add_argument("--row-seconds", type=float, default=60, help="time limit of each row")
+    lad.add_argument("--seconds", type=float, default=150, help="time limit of the whole ladder")
+    lad.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    lad.add_argument("--num-workers", type=int, default=4, help="DataLoader workers, 02 on")
+    lad.add_argument("--no-compile", action="store_true", help="leave out the compiled row")
+    lad.add_argument("--rows", type=int, default=len(LADDER),
+                     help=f"only the first ROWS rows (of {len(LADDER)}; a dry run's few)")
     m = sub.add_parser("summary", help="SCRATCH's results as OUT's few files")
     m.add_argument("--scratch", required=True)
     m.add_argument("--out", required=True)
@@ -301,6 +478,13 @@ def main(argv=None) -> int:
         added = ", ".join(f"{n} {v}" for n, v in record["added"].items()) or "none"
         print(f"the course's packages: {len(record['machine'])} the machine's own, "
               f"{len(record['added'])} unpacked from {wheels} ({added})")
+        return 0
+    if args.cmd == "ladder":
+        if min(args.steps, args.row_seconds, args.seconds, args.rows) < 1 or args.num_workers < 0:
+            raise UserError("--steps, --row-seconds, --seconds and --rows must be at least 1, "
+                            "--num-workers at least 0")
+        ladder(Path(args.data_dir), Path(args.out), args.steps, args.row_seconds, args.seconds,
+               args.device, args.num_workers, not args.no_compile, args.rows)
         return 0
     scratch, out = Path(args.scratch), Path(args.out)
     if not scratch.is_dir():

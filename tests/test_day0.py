@@ -132,7 +132,8 @@ def test_day0_dry_run_on_a_stand_in_of_the_lent_machine(machine, tmp_path):
     steps = day0.read_steps(scratch / "steps.tsv")
     assert [(s["name"], s["outcome"]) for s in steps] == [
         (name, "ok") for name in
-        ("site", "toolchain", "task", "data", "compile", "node", "report", "collect")], log
+        ("site", "toolchain", "task", "data", "compile", "node", "report", "collect", "ladder")
+    ], log
     # the environment it built: the machine's own torch, the course's packages from the wheels
     probe = ("import torch, neuralop, the_well, wellfno.model; "
              "print(torch.__file__); print(neuralop.__file__)")
@@ -152,10 +153,19 @@ def test_day0_dry_run_on_a_stand_in_of_the_lent_machine(machine, tmp_path):
     text = (out / "day0.txt").read_text()
     assert text.startswith("day-0 check: INCOMPLETE"), text
     gpu_questions = text.split("GPU questions:\n")[1].split("\n\n")[0].splitlines()
-    assert len(gpu_questions) == 8 and all(
+    assert len(gpu_questions) == 9 and all(
         "NOT ANSWERED (no GPU: torch sees none)" in line for line in gpu_questions), text
     assert "GPU check: no GPU: N/A" in text  # the day-0 report, quoted
     assert (out / "toolchain.txt").read_text().startswith("python ")
+    # the ladder's results file: its first rows measured on the tiny data, the rest left out
+    ladder = json.loads((out / "ladder.json").read_text())
+    assert {"command", "machine", "data"} <= ladder.keys() and ladder["data"]["gpu"] is None
+    rows = ladder["data"]["rows"]
+    assert [r["row"] for r in rows] == [name for name, *_ in day0.LADDER]
+    assert all(r["samples_per_s"] > 0 and r["flops_per_sample"] > 0 for r in rows[:2]), rows
+    assert rows[1]["against"] == "fno.py" and rows[1]["speedup"] > 0, rows[1]
+    assert all(r["skipped"] and r["samples_per_s"] is None for r in rows[2:]), rows
+    assert "| 02 data pipeline |" in text  # the table, rendered in day0.txt
 
 
 def test_a_python_without_torch_is_one_error_line(tmp_path):
@@ -247,3 +257,63 @@ def test_sitevenv_refuses_a_folder_that_is_not_empty():
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "exists and is not empty" in r.stderr and sitevenv.PTH
+
+
+# --------------------------------------------------------------------------- summary, on a GPU
+GPU_TASK = {"host": "n1", "rank": 0, "local_rank": 0, "cpus": [0], "visible": {},
+            "versions": {"python": "3.12", "torch": "2.11", "cuda": "13.0", "hip": None,
+                         "driver": "d", "cudnn_or_miopen": 1, "nccl_or_rccl": "2"},
+            "gpus": [{"index": 0, "name": "NVIDIA H200", "placement": "p", "device": "cuda:0",
+                      "matmul_rel_error": 1e-7, "matmul_ok": True, "fft_rel_error": 1e-7,
+                      "fft_ok": True}]}
+
+
+def _scratch(tmp_path, steps, problems, node=None):
+    scratch = tmp_path / "scratch"
+    (scratch / "gpu").mkdir(parents=True)
+    (scratch / "steps.tsv").write_text("".join(f"{line}\n" for line in steps))
+    (scratch / "gpu" / "gpu_check.json").write_text(json.dumps(
+        {"status": "FAIL" if problems else "PASS", "problems": problems, "not_answered": [],
+         "tasks": [GPU_TASK], "node": node}))
+    return scratch
+
+
+def test_a_node_step_out_of_time_is_not_answered_not_failed(tmp_path):
+    """On a GPU, the node step killed at its time: the report's "no node results" is that
+    timeout, not a failure; its questions say NOT ANSWERED (timed out after N s); exit 0."""
+    scratch = _scratch(tmp_path, ["site\t0\t1\t60\t", "task\t0\t9\t90\t", "compile\t0\t70\t150\t",
+                                  "node\t124\t200\t200\tchecks 90 s", "report\t1\t3\t30\t",
+                                  "ladder\t0\t100\t120\t"],
+                       ["no node results (the training/pytest step did not run)"])
+    assert day0.summary(scratch, tmp_path / "out", gpus=1, dry_run=False) == 0
+    text = (tmp_path / "out" / "day0.txt").read_text()
+    assert text.startswith("day-0 check: INCOMPLETE"), text
+    assert "report: NOT ANSWERED (the node step timed out after 200 s)" in text
+    assert "pytest -m gpu: NOT ANSWERED (timed out after 200 s)" in text
+    assert "matmul and FFT on each GPU against float64: right on every GPU" in text
+    assert "solution 11 --compile on the GPU (Inductor on the FNO's complex ops): compiled" in text
+    assert "FAIL" not in text
+
+
+def test_a_failed_step_and_a_wrong_answer_are_counted(tmp_path):
+    node = {"training": {"samples_per_second": 9e3, "batch": 16, "grid": 32},
+            "utilization": {"available": False},
+            "complex_ddp": {"ran": False, "why": "needs 2 GPUs, torch sees 1", "needs_gpus": 2},
+            "transport": {"ran": False, "why": "needs 2 GPUs, torch sees 1", "needs_gpus": 2},
+            "step_06": {"ran": True, "runs": {
+                "float32": {"ok": True},
+                "bf16": {"ok": True, "max_relative_loss_difference": 2e-4, "tolerance": 1e-3},
+                "compile": {"ok": False, "max_relative_loss_difference": 1e-3,
+                            "tolerance": 1e-4}}},
+            "pytest_gpu": {"ran": True, "ok": True, "summary": "9 passed", "timed_out": False}}
+    scratch = _scratch(tmp_path, ["task\t0\t9\t90\t", "compile\t2\t5\t150\t--compile",
+                                  "node\t0\t100\t200\t", "report\t1\t3\t30\t"],
+                       ["solutions/11_compile/fno.py on the GPU (compile): loss off"], node)
+    assert day0.summary(scratch, tmp_path / "out", gpus=1, dry_run=False) == 3
+    text = (tmp_path / "out" / "day0.txt").read_text()
+    assert text.startswith("day-0 check: FAIL: 2 step(s) failed, 1 question(s) answered wrong")
+    assert "step 06 --compile against float32 on the GPU: FAILED: loss within 1.0e-03" in text
+    assert "step 06 --amp bf16 against float32 on the GPU: loss within 2.0e-04" in text
+    assert "complex gradients under DDP over NCCL/RCCL: NOT ANSWERED (needs 2 GPUs" in text
+    assert ("the course's ladder on the GPU (samples/s, MFU; ladder.json): NOT ANSWERED (its "
+            "step did not run)") in text
