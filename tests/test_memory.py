@@ -162,3 +162,51 @@ def test_the_advice_names_only_the_options_the_script_has():
     assert "(--checkpoint-blocks)" in str(both.value) and "across 2 GPUs (--domain-size 2)" in str(both.value)
     line = check_step_fits(model, 1, torch.device("cpu"), available=64 * 2**30, checkpointed=False, domain_size=2)
     assert "a slab of 2 domain ranks" in line
+
+
+def test_the_global_batchs_noise_is_counted(tmp_path):
+    """Solution 14's --input-noise: every rank draws the noise of the whole global batch (data
+    groups x batch) over whole frames, before the forward. wellfno.memory.noise_bytes against the
+    peak that RolloutLoss.add_noise really allocates (the profiler's memory records of torch's CPU
+    allocator), and check_step_fits refusing a step whose noise alone does not fit."""
+    import json as _json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from wellfno.memory import noise_bytes
+    from wellfno.unrolled import RolloutLoss
+
+    stats = {k: torch.ones(2) for k in ("mean", "std", "mean_delta", "std_delta")}
+    model = NextFrameFNO(2, 2, stats, constant_channels=1, resolution=(32, 32), modes=4, width=8,
+                         layers=2)
+    groups, batch = 64, 2
+    loss = RolloutLoss(model.loss, model.last_frame.stop, 1, noise=0.1, share=(3, groups))
+    x = torch.randn(batch, model.in_channels, 32, 32)
+    loss.add_noise(x)  # the generator made: what is measured is a step's draw
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss.add_noise(x)
+    prof.export_chrome_trace(str(tmp_path / "noise.json"))
+    records = [e["args"] for e in _json.loads((tmp_path / "noise.json").read_text())["traceEvents"]
+               if e.get("name") == "[memory]"]
+    peak = max(r["Total Allocated"] for r in records) - (records[0]["Total Allocated"]
+                                                         - records[0]["Bytes"])
+    counted = noise_bytes(loss, batch, (32, 32), model.in_channels)
+    assert peak >= 4 * groups * batch * 4 * 32 * 32  # the global batch's 4 frame channels
+    assert peak <= counted <= 1.1 * peak
+    assert noise_bytes(RolloutLoss(model.loss, 4, 1, share=(3, groups)), batch, (32, 32), 5) == 0
+
+    def least_available(**options):  # the fewest bytes check_step_fits lets the step run in
+        lo, hi = 1, 2**40
+        while lo < hi:
+            mid = (lo + hi) // 2
+            try:
+                check_step_fits(model, batch, torch.device("cpu"), available=mid, **options)
+                hi = mid
+            except UserError:
+                lo = mid + 1
+        return lo
+    plain, noisy = least_available(), least_available(noise_of=loss)
+    # at 64 data groups the noise outgrows this small model's step: the noise, beside the weights,
+    # Adam's state and the batch, is the peak
+    assert noisy > plain and noisy >= counted
+    assert least_available(noise_of=RolloutLoss(model.loss, 4, 1, share=(3, 2), noise=0.1)) == plain

@@ -54,6 +54,18 @@ def step_bytes(n_parameters: int, batch_size: int, resolution, in_channels: int,
     return 4 * (4 * n_parameters + batch_size * unrolled_steps * per_sample)
 
 
+def noise_bytes(rollout_loss, batch_size: int, resolution, in_channels: int) -> int:
+    """Peak bytes of `unrolled.RolloutLoss.add_noise` on one rank (0 without noise), float32: the
+    noise of the global batch's input frames over whole frames (data groups x batch x frame
+    channels x every cell), this rank's noise scaled and its noisy frames (2 x batch x frame
+    channels), then its input rebuilt around them (batch x in_channels); whole frames, an upper
+    bound with --domain-size."""
+    if rollout_loss is None or not rollout_loss.noise:
+        return 0
+    groups, frames = rollout_loss.share[1], rollout_loss.frame_channels
+    return 4 * batch_size * ((groups + 2) * frames + in_channels) * math.prod(resolution)
+
+
 def domain_ranks_needed(model, available: int, batch_size: int = 1,
                         checkpointed: bool = False) -> int | None:
     """The fewest domain ranks whose slabs let a step of `batch_size` fit in `available` bytes
@@ -92,12 +104,15 @@ def _gb(n: float) -> str:
 
 def check_step_fits(model, batch_size: int, device: torch.device, available: int | None = None,
                     checkpointed: bool | None = None, domain_size: int | None = None,
-                    rollout_steps: int | None = None, pushforward: bool = False) -> str:
+                    rollout_steps: int | None = None, pushforward: bool = False,
+                    noise_of=None) -> str:
     """One line with the estimate; UserError (what to change) when it exceeds what the device has.
 
     `model` is a NextFrameFNO built for the dataset (`NextFrameFNO.for_dataset`: it knows the grid);
     `checkpointed`: activation checkpointing per block; `domain_size`: ranks sharing one sample.
     `rollout_steps` (solution 14): K steps' activations kept, one with `pushforward`.
+    `noise_of` (solution 14): its `unrolled.RolloutLoss`, whose input noise each rank draws for
+    the global batch (`noise_bytes`).
     The advice names --checkpoint-blocks, --domain-size and --rollout-steps only to a script that
     passes them.
     """
@@ -106,9 +121,16 @@ def check_step_fits(model, batch_size: int, device: torch.device, available: int
     n_parameters = sum(p.numel() for p in model.parameters())
 
     def need_for(batch):
-        return step_bytes(n_parameters, batch, resolution, model.in_channels,
+        step = step_bytes(n_parameters, batch, resolution, model.in_channels,
                           model.channels_per_frame, model.width, model.layers, bool(checkpointed),
                           domain_size or 1, unrolled)
+        # The noise is drawn and freed before the forward keeps an activation: the larger of the
+        # two, the noise beside the weights, Adam's state and the batch (inputs, K target frames)
+        cells = math.ceil(resolution[0] / (domain_size or 1)) * math.prod(resolution[1:])
+        batch_data = 4 * batch * cells * (model.in_channels
+                                          + (rollout_steps or 1) * model.channels_per_frame)
+        return max(step, 4 * 4 * n_parameters + batch_data
+                   + noise_bytes(noise_of, batch, resolution, model.in_channels))
     need = need_for(batch_size)
     what = "memory"
     if available is None:

@@ -214,7 +214,7 @@ def train(args, env, backend, device):
     # stops here if a step cannot fit
     log(memory.check_step_fits(model, args.batch_size, device, checkpointed=args.checkpoint_blocks,
                                domain_size=args.domain_size, rollout_steps=args.rollout_steps,
-                               pushforward=args.pushforward))
+                               pushforward=args.pushforward, noise_of=rollout_loss))
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
