@@ -279,7 +279,7 @@ def _ladder_answer(question: str, result: dict | None) -> dict:
 
 
 def questions(steps: dict[str, dict], report: dict | None, gpus: int,
-              ladder_result: dict | None = None) -> list[dict]:
+              ladder_result: dict | None = None, dry_run: bool = False) -> list[dict]:
     """Each GPU question of the day: answered (its answer), failed, or NOT ANSWERED (why)."""
     from coursetools import gpucheck
 
@@ -299,7 +299,11 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int,
     out = []
     for step_name, question in asked:
         step = steps.get(step_name)
-        if not gpus:
+        if not gpus and not dry_run and step_name == "task":
+            # a GPU machine whose torch sees no GPU: that is the answer, and it is wrong
+            out.append(_q(question, "failed", "torch sees no GPU: a CPU build of torch, or a "
+                                              "driver it cannot use; load the site's GPU build"))
+        elif not gpus:
             out.append(_q(question, "not answered", "no GPU: torch sees none"))
         elif step is None:
             out.append(_q(question, "not answered", "its step did not run"))
@@ -384,7 +388,7 @@ def summary(scratch: Path, out: Path, gpus: int, dry_run: bool) -> int:
         rep.update(outcome="not answered", why=f"the node step {node['why']}")
     ladder_file = scratch / "ladder" / "ladder.json"
     ladder_result = json.loads(ladder_file.read_text()) if ladder_file.is_file() else None
-    asked = questions(steps, report, gpus, ladder_result)
+    asked = questions(steps, report, gpus, ladder_result, dry_run)
     failed_steps = [s for s in steps_list if s["outcome"] == "failed"]
     # a wrong answer of a step that finished (a failed step's questions are that one failure)
     failed = [q for q in asked if q["outcome"] == "failed"

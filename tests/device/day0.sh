@@ -104,7 +104,7 @@ if [ -n "$DRY" ]; then  # a CPU run of every step: the smallest sizes
   ladder_min=60; ladder_opts=(--steps 2 --num-workers 0 --no-compile --rows 2)
 else
   node_size=(); expect=(--expect-gpu); node_cap=90; compile_cap=150
-  ladder_min=120; ladder_opts=(--steps 60 --num-workers 4 --row-seconds 60)
+  ladder_min=120; ladder_opts=(--steps 60 --num-workers 4 --row-seconds 90)
 fi
 compile=(); [ "$gpus" -gt 0 ] && compile=(--compile)  # the question is the GPU's (Triton)
 # (${a[@]+"${a[@]}"} below: an empty array under set -u, which bash before 4.4 calls unbound)
