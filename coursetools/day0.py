@@ -6,6 +6,9 @@
     python -m coursetools.day0 summary --scratch S --out OUT
         # S's results as at most MAX_FILES files in OUT: day0.txt (one verdict, every step, every
         # GPU question answered or NOT ANSWERED (why)), day0.json, and the files it quotes
+    python -m coursetools.day0 keep OUT/ladder.json [--commit REV]
+        # back here: a GPU machine's ladder into results/gpu/ladder.json, the docs' GPU column
+        # (`python -m coursetools.results render`); a CPU's (a dry run's) refused
 
 Why no venv on the machine: its torch lives in a virtual environment, and `python -m venv
 --system-site-packages` run from a venv's interpreter gives the new one the *base* interpreter's
@@ -32,7 +35,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from benchtools.resultfiles import write_result
+from benchtools.resultfiles import read_result, write_result
 from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,6 +242,92 @@ def ladder(data_dir: Path, out: Path, steps: int, row_seconds: float, seconds: f
     return result
 
 
+# --------------------------------------------------------------------------- the GPU ladder in the docs
+# A GPU machine's ladder.json, kept in the repository (`keep`): the docs' GPU column
+# (coursetools.results renders it beside the CPU's efficiency.json; coursetools.staleness checks
+# its commit, coursetools.measure.ELSEWHERE). One file: a later GPU's ladder replaces it.
+GPU_LADDER = Path("results") / "gpu" / "ladder.json"
+HOW_TO_MEASURE = ("`OUT=DIR bash tests/device/day0.sh` on a GPU machine (on a Slurm cluster, in a "
+                  "GPU allocation: `slurm/00_gpu_check.sbatch` checks the node but runs no "
+                  "ladder), then `python -m coursetools.day0 keep DIR/ladder.json` and "
+                  "`python -m coursetools.results render` (INSTRUCTORS.md, day-0 check)")
+
+
+def check_gpu_ladder(result: dict, path) -> dict:
+    """`result` when it is a ladder measured on a GPU; else one line naming `path` (a dry run's
+    ladder.json, measured on a CPU, is never shown as GPU numbers)."""
+    data, machine = result["data"], result["machine"]
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) \
+            or "peak_device" not in data:
+        raise UserError(f"{path} is not a ladder (the results file of `python -m coursetools.day0 "
+                        "ladder`, ladder.json of the day-0 check)")
+    if not (str(data.get("device", "")).startswith("cuda") and data.get("gpu")
+            and machine.get("gpu")):
+        raise UserError(f"{path} was measured on a CPU (device {data.get('device')!r}, no GPU in "
+                        "its machine): a dry run's ladder, not GPU numbers; delete it and keep a "
+                        "GPU machine's ladder.json")
+    return result
+
+
+def gpu_ladder(root) -> dict | None:
+    """The repository's GPU ladder (GPU_LADDER), None where there is none yet; a CPU's refused."""
+    path = Path(root) / GPU_LADDER
+    return check_gpu_ladder(read_result(path), GPU_LADDER) if path.exists() else None
+
+
+def gpu_machine(result: dict) -> str:
+    """The GPU, the torch and its CUDA or ROCm version a ladder was measured with."""
+    m = result["machine"]
+    backend = (f"ROCm {m['hip']}" if m.get("hip") else f"CUDA {m['cuda']}" if m.get("cuda")
+               else "CUDA/ROCm version not recorded")
+    return f"{result['data'].get('gpu') or m.get('gpu')}, torch {m.get('torch', '?')}, {backend}"
+
+
+def measured_commit(result: dict) -> str:
+    commit = result.get("commit")
+    if not commit:
+        return f"at an unrecorded commit ({result.get('commit_note') or 'it records none'})"
+    dirty = result.get("uncommitted") or []
+    return f"at commit {commit[:7]}" + (f" with uncommitted changes to {', '.join(dirty)}"
+                                        if dirty else "")
+
+
+def ladder_row_text(row: dict) -> str:
+    """One ladder row: samples/s, its speed-up against the row it builds on, MFU (or why not)."""
+    if row["skipped"]:
+        return f"{row['row']} skipped ({row['skipped']})"
+    text = f"{row['row']} {row['samples_per_s']:.0f} samples/s"
+    if row.get("speedup") is not None:
+        text += f" ({row['speedup']:.2f}× {row['against']})"
+    return text + ("" if row.get("mfu") is None else
+                   f", MFU {100 * row['mfu']:.2f} % of {row['peak_precision']}")
+
+
+def keep(file: Path, root: Path, commit: str | None = None) -> Path:
+    """A GPU machine's ladder.json into ROOT/GPU_LADDER (a CPU's refused). A file measured
+    outside a git checkout records no commit: --commit names the one whose tree ran."""
+    result = check_gpu_ladder(read_result(file), file)
+    if commit:
+        if result.get("commit"):
+            raise UserError(f"{file} records its commit ({result['commit'][:7]}): --commit is "
+                            "only for a file measured outside a git checkout")
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet",
+                               f"{commit}^{{commit}}"], capture_output=True, text=True)
+        if done.returncode:
+            raise UserError(f"--commit {commit} is not a commit of {root}'s history")
+        result.update(commit=done.stdout.strip(), clean=None,
+                      commit_note=f"measured outside a git checkout; commit given by "
+                                  f"`keep --commit {commit}`")
+    elif not result.get("commit"):
+        print(f"warning: {file} records no commit (measured outside a git checkout): its "
+              "numbers count as stale; give --commit REV, the commit whose tree ran there",
+              file=sys.stderr)
+    target = root / GPU_LADDER
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(target, result)
+    return target
+
+
 # --------------------------------------------------------------------------- summary
 def read_steps(path: Path) -> list[dict]:
     """day0.sh's record: one `name<TAB>exit code<TAB>seconds<TAB>budget<TAB>note` line a step."""
@@ -293,7 +382,8 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int,
         ("node", "step 06 --amp bf16 against float32 on the GPU"),
         ("node", "step 06 --compile against float32 on the GPU"),
         ("node", "pytest -m gpu"),
-        ("compile", "solution 11 --compile on the GPU (Inductor on the FNO's complex ops)"),
+        ("compile", "solution 11 --compile on the GPU (the compiled model, its spectral "
+                    "convolutions run eagerly)"),
         ("ladder", "the course's ladder on the GPU (samples/s, MFU; ladder.json)"),
     ]
     out = []
@@ -463,6 +553,12 @@ def main(argv=None) -> int:
     lad.add_argument("--no-compile", action="store_true", help="leave out the compiled row")
     lad.add_argument("--rows", type=int, default=len(LADDER),
                      help=f"only the first ROWS rows (of {len(LADDER)}; a dry run's few)")
+    k = sub.add_parser("keep", help=f"a GPU machine's ladder.json into {GPU_LADDER} (the docs' "
+                                    "GPU column; a CPU's refused)")
+    k.add_argument("file", help="the ladder.json the day-0 check wrote (OUT/ladder.json)")
+    k.add_argument("--commit", help="the commit whose tree ran there, for a file that records "
+                                    "none (measured outside a git checkout)")
+    k.add_argument("--root", default=".", help="repository root (default: here)")
     m = sub.add_parser("summary", help="SCRATCH's results as OUT's few files")
     m.add_argument("--scratch", required=True)
     m.add_argument("--out", required=True)
@@ -489,6 +585,13 @@ def main(argv=None) -> int:
                             "--num-workers at least 0")
         ladder(Path(args.data_dir), Path(args.out), args.steps, args.row_seconds, args.seconds,
                args.device, args.num_workers, not args.no_compile, args.rows)
+        return 0
+    if args.cmd == "keep":
+        root = Path(args.root).resolve()
+        if not (root / "fno.py").is_file():
+            raise UserError(f"{root} is not the repository root (no fno.py there): use --root")
+        kept = keep(Path(args.file), root, args.commit)
+        print(f"kept {kept.relative_to(root)}: now `python -m coursetools.results render`")
         return 0
     scratch, out = Path(args.scratch), Path(args.out)
     if not scratch.is_dir():

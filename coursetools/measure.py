@@ -29,6 +29,7 @@ from pathlib import Path
 
 from benchtools.machine import busy_warning, load_average
 from benchtools.resultfiles import add_load_at_start
+from coursetools.day0 import GPU_LADDER, HOW_TO_MEASURE, LADDER
 from coursetools.results import RUNTIME_COMMANDS
 from wellfno.cli import UserError, run_main
 
@@ -42,6 +43,9 @@ class Target:
     # The scripts and modules (`-m name`) its tools start or load themselves, which its command
     # lines do not name: its numbers come from their code too (coursetools.staleness).
     runs: tuple = ()
+    # How it is measured where `make results` does not measure it (another machine's file, in
+    # ELSEWHERE): staleness says this instead of `make results ONLY=name`.
+    measured_by: str = ""
 
 
 # Cheapest settings whose figures are stable on 2 idle cores: short timed windows, few steps, two
@@ -120,13 +124,28 @@ TARGETS = (
 )
 BY_NAME = {t.name: t for t in TARGETS}
 
+# Results files measured on another machine than this CPU one: `make results` never runs them,
+# coursetools.staleness checks them as it checks TARGETS' (pick(..., elsewhere=True)).
+ELSEWHERE = (
+    Target("gpu_ladder", GPU_LADDER.as_posix(),
+           (f"{{py}} -m coursetools.day0 ladder --data-dir {{data}} --out {GPU_LADDER.as_posix()}",),
+           "README (08-11, GPU), exercise 11's GPU column",
+           runs=tuple(script for _, script, _, _ in LADDER), measured_by=HOW_TO_MEASURE),
+)
 
-def pick(names: list[str]) -> list[Target]:
-    unknown = [n for n in names if n not in BY_NAME]
+
+def pick(names: list[str], elsewhere: bool = False) -> list[Target]:
+    """The targets named (all of them without names); with elsewhere, ELSEWHERE's too."""
+    known = {t.name: t for t in (*TARGETS, *(ELSEWHERE if elsewhere else ()))}
+    away = [t for t in ELSEWHERE if t.name in names and t.name not in known]
+    if away:
+        raise UserError(f"{away[0].name} ({away[0].file}) is not measured by make results, on "
+                        f"this machine: {away[0].measured_by}")
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise UserError(f"unknown results target {', '.join(unknown)}: one of {', '.join(BY_NAME)} "
+        raise UserError(f"unknown results target {', '.join(unknown)}: one of {', '.join(known)} "
                         f"(`python -m coursetools.measure --list`)")
-    return [BY_NAME[n] for n in names] if names else list(TARGETS)
+    return [known[n] for n in names] if names else list(known.values())
 
 
 def argv_of(template: str, data_dir: str, runs: str) -> list[str]:

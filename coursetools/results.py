@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from benchtools.resultfiles import caption, md_table, read_result, write_result  # noqa: F401 (re-exported)
+from coursetools import day0
 from wellfno import flops, stats
 from wellfno.cli import UserError, atomic_write_text, run_main
 
@@ -589,8 +590,14 @@ def readme_results_table(root: Path) -> str:
     if scaling:  # exercise 05: its sentence lives beside the table it summarises
         rows.append(ddp_readme_row(scaling) + [_link("05_ddp_scaling.json")])
     efficiency = use("efficiency_cpu/efficiency.json")
+    ladder = day0.gpu_ladder(root)   # a CPU's (a dry run's) is refused, one line naming it
     if efficiency:  # exercises 08-11: its sentence lives beside the table it summarises
-        rows.append(efficiency_readme_row(efficiency) + [_link("efficiency_cpu/efficiency.json")])
+        rows.append(efficiency_readme_row(efficiency, ladder)
+                    + [_link("efficiency_cpu/efficiency.json")])
+    gpu_name = day0.GPU_LADDER.relative_to("results").as_posix()
+    if ladder:
+        results[gpu_name] = ladder
+    rows.append(gpu_ladder_readme_row(ladder) + ([_link(gpu_name)] if ladder else ["—"]))
     checkpointing = use("12_checkpointing.json")
     if checkpointing:  # exercise 12: its sentence lives beside the table it summarises
         rows.append(checkpointing_readme_row(checkpointing) + [_link("12_checkpointing.json")])
@@ -654,10 +661,90 @@ def efficiency_table(root: Path) -> str:
             + caption(result))
 
 
-def efficiency_readme_row(result: dict) -> list[str]:
-    """The course README's results row of exercises 08-11 (step, command, what it measured) from its results file."""
+def _gpu_summary(ladder: dict) -> str:
+    """The GPU ladder in a few words: its first row to its last measured one, and that one's MFU."""
+    rows = [r for r in ladder["data"]["rows"] if not r["skipped"]]
+    if not rows:
+        return "every row skipped (the next row says why)"
+    first, last = rows[0], rows[-1]
+    text = f"{first['row']} {first['samples_per_s']:.0f} samples/s"
+    if last is not first:
+        text += (f" to {last['row']} {last['samples_per_s']:.0f} samples/s "
+                 f"(**{last['samples_per_s'] / first['samples_per_s']:.2f}×**)")
+    return text + ("" if last["mfu"] is None else f", MFU {100 * last['mfu']:.2f} %")
+
+
+def efficiency_readme_row(result: dict, ladder: dict | None = None) -> list[str]:
+    """The course README's results row of exercises 08-11 (step, command, what it measured) from
+    its results file, and the GPU's ladder (day0.GPU_LADDER) in a few words where there is one."""
+    gpu = (f"GPU ({day0.gpu_machine(ladder)}): {_gpu_summary(ladder)}; the next row has each step"
+           if ladder else "GPU: to be measured, the next row says how")
     return ["08-11", f"`{result['command']}` ([exercises 08-11](exercises/11_compile/background.md#what-you-should-see))",
-            flops.efficiency_summary(result["data"]) + "; GPU: the same command, to be measured"]
+            flops.efficiency_summary(result["data"]) + "; " + gpu]
+
+
+def gpu_ladder_readme_row(ladder: dict | None) -> list[str]:
+    """The README's row of the GPU ladder (step, command, what it measured): each row's samples/s
+    and MFU, the machine and the commit; without one, that GPU numbers are to be measured, how."""
+    link = "[exercise 11](exercises/11_compile/background.md#on-a-gpu)"
+    if ladder is None:
+        return ["08-11, GPU", f"`OUT=DIR bash tests/device/day0.sh` ({link})",
+                f"GPU numbers to be measured (no `{day0.GPU_LADDER.as_posix()}` yet): "
+                + day0.HOW_TO_MEASURE]
+    d = ladder["data"]
+    return ["08-11, GPU", f"`{ladder['command']}` ({link})",
+            f"{day0.gpu_machine(ladder)}, {day0.measured_commit(ladder)}; {d['grid']} grid, "
+            f"{d['steps']} steps a row: " + "; ".join(day0.ladder_row_text(r) for r in d["rows"])
+            + f"; MFU against {d['peak_device']}'s cited peak"]
+
+
+_STEP_ORDER = ("fno.py", "02", "07", "08", "09", "10", "11")
+
+
+def _cells(row: dict | None) -> list[str]:
+    """A ladder row's samples/s (speed-up against the row it builds on) and MFU cells."""
+    if row is None:
+        return ["not in this ladder", ""]
+    if row["skipped"]:
+        return ["skipped", "-"]
+    rate = _fmt_rate(row["samples_per_s"])
+    if row["speedup"] is not None:
+        rate += (f" ({row['speedup']:.2f}× {row['against'].split()[0]}"
+                 + ("" if row["speedup_of"] == "samples/s" else f", {row['speedup_of']}") + ")")
+    return [rate, "-" if row["mfu"] is None else f"{100 * row['mfu']:.2f}% {row['peak_precision']}"]
+
+
+def efficiency_gpu_table(root: Path) -> str:
+    """Exercise 11's GPU column: the CPU's ladder (EFFICIENCY_RESULT) and the GPU's (day0's
+    GPU_LADDER) side by side, step by step; without a GPU file, how to measure one."""
+    root = Path(root)
+    ladder = day0.gpu_ladder(root)
+    if ladder is None:
+        return (f"GPU: to be measured (no `{day0.GPU_LADDER.as_posix()}` yet): "
+                f"{day0.HOW_TO_MEASURE}.")
+    cpu = _optional(root, EFFICIENCY_RESULT.relative_to("results").as_posix())
+    by_step = {}
+    for side, result in (("cpu", cpu), ("gpu", ladder)):
+        for r in (result["data"]["rows"] if result else []):
+            by_step.setdefault(r["row"].split()[0], {})[side] = r
+    order = sorted(by_step, key=lambda k: _STEP_ORDER.index(k) if k in _STEP_ORDER else 99)
+    rows = []
+    for step in order:
+        mine = by_step[step]
+        name = (mine.get("gpu") or mine["cpu"])["row"]
+        rows.append([name, *(_cells(mine.get("cpu")) if cpu else []), *_cells(mine.get("gpu"))])
+    head = (["row"] + (["CPU samples/s", "CPU MFU"] if cpu else [])
+            + ["GPU samples/s", "GPU MFU"])
+    d = ladder["data"]
+    skipped = [f"GPU {r['row']}: skipped: {r['skipped']}." for r in d["rows"] if r["skipped"]]
+    return (md_table(head, rows, "l" + "r" * (len(head) - 1))
+            + ("\n\n" + " ".join(skipped) if skipped else "")
+            + f"\n\nGPU column: {day0.gpu_machine(ladder)}, {day0.measured_commit(ladder)}; the "
+            f"day-0 check's ladder on a {d['grid']} grid, {d['steps']} steps a row, one run each "
+            f"(each speed-up against the row named); MFU against {d['peak_device']} "
+            f"({d['peak_source']})."
+            + (f" CPU column: `{EFFICIENCY_RESULT.as_posix()}`, the table above." if cpu else "")
+            + "\n\n" + _caption(ladder).replace("_Measured by", "_GPU column measured by"))
 
 
 # --------------------------------------------------------------------------- exercises 12 and 13

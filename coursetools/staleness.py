@@ -1,6 +1,7 @@
 """Which results files are stale: the code their numbers came from has changed since.
 
-    python -m coursetools.staleness                      # every results file make results writes
+    python -m coursetools.staleness                      # every results file make results writes,
+                                                         # and those measured elsewhere (a GPU's)
     python -m coursetools.staleness 14_long_rollouts     # only these targets (coursetools.measure)
 
 Each results file records the commit it was measured on (benchtools.resultfiles.code_stamp). A
@@ -26,7 +27,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from coursetools.measure import TARGETS, Target, pick
+from coursetools.measure import ELSEWHERE, TARGETS, Target, pick
 from benchtools.resultfiles import read_result
 from wellfno.cli import UserError, run_main
 
@@ -190,7 +191,7 @@ def stale_reasons(target: Target, root: Path) -> list[str]:
     return reasons
 
 
-def stale_files(root: Path, targets=TARGETS) -> list[str]:
+def stale_files(root: Path, targets=(*TARGETS, *ELSEWHERE)) -> list[str]:
     """One line for each results file that is stale: which, why, and the command to re-measure
     it. A target whose file is not there yet is not checked (nothing quotes it)."""
     lines = []
@@ -198,8 +199,9 @@ def stale_files(root: Path, targets=TARGETS) -> list[str]:
         if (root / target.file).is_file():
             reasons = stale_reasons(target, root)
             if reasons:
+                how = target.measured_by or f"`make results ONLY={target.name}`"
                 lines.append(f"{target.file} is stale: {'; '.join(reasons)}: re-measure it with "
-                             f"`make results ONLY={target.name}`")
+                             f"{how}")
     return lines
 
 
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="also list each target's files")
     args = p.parse_args(argv)
     root = Path(args.root).resolve()
-    targets = pick(args.names)
+    targets = pick(args.names, elsewhere=True)
     if not (root / "fno.py").is_file():
         raise UserError(f"{root} is not the repository root (no fno.py there): use --root")
     why = history_unavailable(root)

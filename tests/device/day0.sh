@@ -15,10 +15,10 @@
 # Steps, each bounded by its own time and all by one deadline (DAY0_SECONDS, 450 s: the summary
 # and the machine's start-up fit in the 8 minutes): the environment check (wellfno.toolchain);
 # the day-0 check's task (coursetools/gpucheck.py, as slurm/00_gpu_check.sbatch runs it);
-# solution 11 with --compile on the GPU, early (does Inductor compile the FNO's complex spectral
-# convolution there?; its cache then serves step 06's compiled run); the node step (training
-# steps, DDP on 2 GPUs, step 06's bf16 and compile runs, then `pytest -m gpu` with what time is
-# left but the ladder's); its report. Without a GPU, `pytest --collect-only -m gpu` stands in for
+# solution 11 with --compile on the GPU, early (does the compiled model, its spectral convolutions
+# run eagerly (wellfno.model.EagerSpectralConv), train there?; its cache then serves step 06's
+# compiled run); the node step (training steps, DDP on 2 GPUs, step 06's bf16 and compile runs,
+# then `pytest -m gpu` with what time is left but the ladder's); its report. Without a GPU, `pytest --collect-only -m gpu` stands in for
 # the GPU tests (the node step runs them only on a GPU): do they import here? Then, with the time
 # left, the first GPU numbers: the course's ladder (fno.py, 02, 08, 09 bf16, 11 compiled:
 # samples/s and MFU) on a 128x128 dataset made in the background meanwhile, one results file.
@@ -151,7 +151,8 @@ if [ "$gpus" = 0 ]; then
 fi
 # Part 5 of issue #40, the first GPU numbers: the course's ladder (fno.py, 02, 08, 09 bf16, 11
 # compiled; coursetools/day0.py ladder) with what time is left, each row bounded, into one
-# results file (SCRATCH/ladder/ladder.json, OUT/ladder.json).
+# results file (SCRATCH/ladder/ladder.json, OUT/ladder.json; back in the repository,
+# `python -m coursetools.day0 keep OUT/ladder.json` makes it the docs' GPU column).
 ladder_data=$SCRATCH/data_tiny
 if [ -n "$large_pid" ]; then
   wait "$large_pid"
