@@ -32,7 +32,7 @@ from typing import Mapping
 
 from affinity.discover import Gpu, Topology, discover, format_cpulist, visible_gpu_pci
 from affinity.placement import WorkerReport
-from affinity.plan import core_share, device_index_for, gpu_cpus, make_plan, physical_cores
+from affinity.plan import MODES, core_share, device_index_for, gpu_cpus, make_plan, physical_cores
 from wellfno.cli import UserError
 from wellfno.launch import LaunchEnv, launch_environment
 
@@ -143,12 +143,26 @@ def bind_this_rank(mode: str = "exclusive", sysfs: str = "/sys", set_threads: bo
     (wellfno.launch.launch_environment, which keeps answering what the launcher set after
     export_rendezvous rewrote RANK and LOCAL_RANK; an inconsistent environment is a one-line
     UserError). CPUs stay within what this process may use (a Slurm cpuset or an earlier binding
-    is respected, never widened). Intra-op threads: one per physical core it got."""
+    is respected, never widened). Intra-op threads: one per physical core it got.
+
+    mode 'none': no pinning (torch's threads and the workers go where the OS puts them): returns
+    the CPUs this process may use, as they are, and the GPU its local rank drives. Any other mode
+    than those of affinity.plan.MODES and 'none' is a one-line UserError, before anything."""
+    if mode not in (*MODES, "none"):
+        raise UserError(f"unknown bind mode {mode!r}; choose one of {', '.join(MODES)}, none")
     if torch_module is None:
         import torch as torch_module
     torch = torch_module
     env = os.environ if env is None else env
     launch = launch_environment(env) if launch is None else launch
+    if mode == "none":  # nothing pinned, no warning: the rank's GPU only
+        gpus = len(visible_gpu_pci(torch, sysfs))
+        if not gpus:
+            return sorted(os.sched_getaffinity(0)), torch.device("cpu")
+        device = torch.device("cuda", device_index_for(launch.local_rank, launch.local_world_size,
+                                                       gpus, launch.step_gpus, launch.launcher))
+        torch.cuda.set_device(device)
+        return sorted(os.sched_getaffinity(0)), device
     topo = discover(sysfs)  # allowed = what this process may use now
     binding = plan_this_rank(topo, mode, launch, visible_gpu_pci(torch, sysfs),
                              cpus_bound_by_launcher(launch, env))

@@ -2,6 +2,7 @@
 
     python affinity/report.py                       # this process (and the GPU its local rank drives)
     python affinity/report.py --bind --workers 3    # bind like a training rank, then 3 pinned workers
+    python affinity/report.py --bind --mode none --workers 3   # nothing pinned: where the OS puts them
     srun -n 8 python affinity/report.py --bind      # one line per rank
 
 One line per process (affinity/placement.py):
@@ -39,8 +40,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--bind", action="store_true", help="bind_this_rank() first, as a training rank would")
-    ap.add_argument("--mode", default="exclusive", help="plan mode for --bind (exclusive|node|core-complex)")
-    ap.add_argument("--workers", type=int, default=0, help="also start this many pinned DataLoader workers")
+    ap.add_argument("--mode", default="exclusive",
+                    help="plan mode for --bind (exclusive|node|core-complex), or none: no pinning, "
+                         "the workers' neither")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="also start this many DataLoader workers, pinned (unless --mode none)")
     ap.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
     args = ap.parse_args(argv)
     if args.workers < 0:
@@ -53,7 +57,10 @@ def main(argv=None) -> int:
         cpus, device = bind_this_rank(mode=args.mode, sysfs=args.sysfs)
     print(report_line(device=device, sysfs=args.sysfs), flush=True)
     if args.workers:
-        pinner = worker_init_fn(cpus, sysfs=args.sysfs, then=WorkerReport(device, sysfs=args.sysfs))
+        report = WorkerReport(device, sysfs=args.sysfs)
+        # --mode none pins no worker either: each reports the CPUs it inherited, as it runs
+        pinner = report if args.mode == "none" else worker_init_fn(
+            cpus, sysfs=args.sysfs, then=report)
         loader = torch.utils.data.DataLoader(_Tiny(args.workers), batch_size=1, num_workers=args.workers,
                                              worker_init_fn=pinner)
         for _ in loader:

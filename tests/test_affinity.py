@@ -317,6 +317,66 @@ def test_report_cli_prints_this_process(capsys, monkeypatch):
     assert "match=n/a" in out  # no GPU here
 
 
+def _fake_torch(calls):
+    """A CPU-only torch for bind_this_rank: what it would set is recorded, nothing applied."""
+    import torch
+    from types import SimpleNamespace
+    cuda = SimpleNamespace(is_available=lambda: False,
+                           set_device=lambda d: calls.__setitem__("device", d))
+    return SimpleNamespace(cuda=cuda, device=torch.device,
+                           set_num_threads=lambda n: calls.__setitem__("threads", n))
+
+
+def test_bind_none_pins_nothing_and_says_nothing(monkeypatch, capsys):
+    """Issue 42 (5): 'none' was planned as a mode and fell into the oversubscribed warning
+    ("cannot be split among 1 local ranks"); now it leaves the CPUs and threads as they are."""
+    from affinity import bind
+    applied, calls = [], {}
+    monkeypatch.setattr(bind, "set_affinity_all_threads", lambda *a, **k: applied.append(a))
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    cpus, device = bind.bind_this_rank("none", torch_module=_fake_torch(calls), env=env)
+    assert cpus == sorted(os.sched_getaffinity(0)) and device.type == "cpu"
+    assert applied == [] and calls == {}  # no CPU mask, no thread count, no GPU set
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("mode", ["bogus", "", "Exclusive"])
+def test_bind_unknown_mode_is_one_line_naming_the_modes(monkeypatch, capsys, mode):
+    from affinity import bind, report
+    from tests.conftest import exit_of
+    with pytest.raises(UserError) as err:
+        bind.bind_this_rank(mode, torch_module=_fake_torch({}), env={})
+    assert str(err.value) == (f"unknown bind mode {mode!r}; choose one of exclusive, node, "
+                              "core-complex, none")
+    assert "cannot be split" not in capsys.readouterr().err
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+    r = exit_of(report, "--bind", "--mode", mode)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr == f"error: {err.value}\n"
+
+
+@pytest.mark.parametrize("mode, pinned", [("exclusive", True), ("none", False)])
+def test_report_workers_unpinned_under_mode_none(monkeypatch, capsys, mode, pinned):
+    """Exercise 03, task 4: `report.py --bind --mode none --workers 2` shows where unpinned
+    workers run (solution 03's --bind none pins and so reports no worker)."""
+    import torch
+    from affinity import bind, report
+    from affinity.placement import WorkerReport
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(bind, "set_affinity_all_threads", lambda *a, **k: None)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    loaders = []
+    monkeypatch.setattr(torch.utils.data, "DataLoader",
+                        lambda *a, **k: loaders.append(k["worker_init_fn"]) or [])
+    assert report.main(["--bind", "--mode", mode, "--workers", "2"]) == 0
+    [init] = loaders
+    assert isinstance(init, bind.WorkerPinner) == pinned
+    assert pinned or isinstance(init, WorkerReport)
+    assert "warning" not in capsys.readouterr().err
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("cpu_bind", ["cores", "none"])
 def test_srun_ranks_bind_to_disjoint_cpus_on_the_test_cluster(cpu_bind):
