@@ -51,8 +51,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	@# A site's torch older than the course supports: one line that says what to do, nothing more.
-	@$(PY) -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < tuple(map(int, '$(OLDEST_TORCH)'.split('.'))))" || \
-	  { echo "error: torch $$($(PY) -c 'import torch; print(torch.__version__)') is older than $(OLDEST_TORCH), the oldest this course supports: load a newer PyTorch module or container, or make venv VENV=.venv-new TORCH_SPEC=$(TORCH_SPEC) without one (INSTRUCTORS.md)"; exit 2; }
+	@# (-W ignore: numpy comes with requirements.txt below, and torch imported without it warns
+	@# "Failed to initialize NumPy", which says nothing about the version read here.)
+	@$(PY) -W ignore -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < tuple(map(int, '$(OLDEST_TORCH)'.split('.'))))" || \
+	  { echo "error: torch $$($(PY) -W ignore -c 'import torch; print(torch.__version__)') is older than $(OLDEST_TORCH), the oldest this course supports: load a newer PyTorch module or container, or make venv VENV=.venv-new TORCH_SPEC=$(TORCH_SPEC) without one (INSTRUCTORS.md)"; exit 2; }
 	$(PY) -m pip install -q -r requirements.txt
 	@# neuraloperator requires wandb but imports it only where it is installed (neuralop/utils.py:
 	@# "Only import wandb and use if installed"), and that import costs every process that imports
