@@ -459,6 +459,11 @@ def _check_lost_job(job, took, second):
         rf"error: rank [23] stopped responding .* its node {second} did; stopped all 4 ranks",
         errors[0],
     ), errors
+    # the line exercise 07's README shows for a lost node is the one the job printed (the
+    # seconds and the rank aside: rank 1 names rank 2, the first rank on the lost node)
+    quoted = quoted_lost_node_line()
+    same = [re.sub(r"rank \d+ stopped|for \d+ s\)", "", line) for line in (errors[0], quoted)]
+    assert same[0] == same[1], f"exercise 07's README quotes\n  {quoted}\nthe job printed\n  {errors[0]}"
     written = {p.name for p in job.run_dir.iterdir()} - {
         "job.txt",
         "slurm.out",
@@ -467,6 +472,18 @@ def _check_lost_job(job, took, second):
     assert written == {"checkpoint.pt"}, f"half-written or unexpected files: {sorted(written)}"
     state = torch.load(job.run_dir / "checkpoint.pt", weights_only=True)
     assert state["epoch"] == 1 and state["world_size"] == 4
+
+
+README_07 = REPO / "exercises" / "07_failures" / "README.md"
+LOST_NODE_MARK = "<!-- a lost node: tests/test_slurm_2nodes.py compares this block's error line with the job's -->"
+
+
+def quoted_lost_node_line() -> str:
+    """The `error:` line exercise 07's README shows for a node lost under Slurm."""
+    text = README_07.read_text()
+    assert LOST_NODE_MARK in text, f"{README_07} lost its lost-node block ({LOST_NODE_MARK})"
+    block = text.split(LOST_NODE_MARK, 1)[1].split("```", 2)[1]
+    return next(line for line in block.splitlines() if line.startswith("error: "))
 
 
 def _check_resumed(resumed, job, first, second):
