@@ -245,6 +245,24 @@ def test_a_failing_rank_leaves_only_after_the_line_is_out(failing):
     assert ranks[reporter].out.first_write < first_exit, "a rank left (and srun ended the reporter) before the line"
 
 
+def test_every_rank_failing_its_own_check_prints_its_own_error_and_waits_for_nobody():
+    """An argument check every rank makes after init_process_group (step 13's --modes): each rank
+    raises the same UserError, each prints it itself (no 'stopped all' line on top), and none
+    waits for a line that nobody owes (the reporter marks its say done)."""
+    both = threading.Barrier(2)
+
+    def refuses(wd, rank):
+        time.sleep(0.2)  # after the watchdog threads' first look, long before their next (5 s):
+        both.wait()      # the main threads alone decide, as when both raise within milliseconds
+        raise UserError("--modes keeps 1 Fourier modes, fewer than the 2 domain ranks")
+
+    slow = dict(heartbeat_s=5.0, dead_after_s=20.0, grace_s=0.3)
+    ranks, started = run_ranks([refuses, refuses], **slow)
+    assert all(isinstance(r.outcome, UserError) for r in ranks), [r.outcome for r in ranks]
+    assert lines(ranks) == []
+    assert max(r.ended_at for r in ranks) - started < 2.0  # nobody waited out the reporter's heartbeat
+
+
 def test_wait_for_all_waits_without_a_time_limit_and_is_not_a_stall():
     arrived = {}
 

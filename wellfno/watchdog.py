@@ -258,13 +258,20 @@ class Watchdog:
             if isinstance(exc, SystemExit) and exc.code in (0, None):
                 self.stop()
                 return False
-            own = PeerFailed(self.rank, f"failed: {describe(exc)}")
-            failure = self.fail(own.reason[len("failed: "):])
-            if (failure.rank, failure.reason) == (own.rank, own.reason):
-                self._report()  # this rank's exit ends the others under srun -K: the line first
+            reason = describe(exc)
+            failure = self._post(self.rank, f"failed: {reason}", announce=False)
+            if is_communication_error(exc) and failure.rank != self.rank:
+                pass  # the dead peer's failure was posted meanwhile: ours is its consequence
+            else:
+                # This rank's own error, which it prints itself (run_main's `error:` line, or a
+                # traceback), also when another rank's own error came first (an argument check
+                # every rank makes). Its exit ends the others under srun -K: their line first.
+                if self.is_reporter():
+                    self._mark_reported()  # nothing to add: each failed rank prints its own
+                else:
+                    self._report()
                 self.stop()
-                return False  # this rank's own error: let it propagate and print as usual
-            # another rank's failure was posted first (the first one wins): ours is its consequence
+                return False
         self._record(failure)
         self._report()  # before stop(): rank 0 lingers there, and srun may end it meanwhile
         self.stop()
@@ -274,7 +281,7 @@ class Watchdog:
     def _key(self, what: str) -> str:
         return f"{self.name}/{what}"
 
-    def _post(self, rank: int, reason: str) -> PeerFailed:
+    def _post(self, rank: int, reason: str, announce: bool = True) -> PeerFailed:
         failure = PeerFailed(rank, reason)
         if self.active and self._store is not None:
             try:
@@ -282,7 +289,7 @@ class Watchdog:
                 failure = self._parse(stored)
             except Exception:  # noqa: BLE001 - store gone: keep our own view
                 pass
-        self._record(failure)
+        self._record(failure, announce)
         return self._failure
 
     @staticmethod
@@ -290,10 +297,10 @@ class Watchdog:
         rank, _, reason = value.decode(errors="replace").partition("\n")
         return PeerFailed(int(rank), reason)
 
-    def _record(self, failure: PeerFailed) -> None:
+    def _record(self, failure: PeerFailed, announce: bool = True) -> None:
         if self._failure is None:
             self._failure = failure
-        if self.active and self.is_reporter():
+        if announce and self.active and self.is_reporter():
             self._print_line()  # now, before this rank waits for anything: another rank's exit may end it
 
     def _print_line(self) -> None:
@@ -302,6 +309,9 @@ class Watchdog:
                 return
             self._reported = True
             print(self.report_line(), file=self._out or sys.stderr, flush=True)
+        self._mark_reported()
+
+    def _mark_reported(self) -> None:
         try:
             self._store.set(self._key("reported"), "1")  # the others may leave now
         except Exception:  # noqa: BLE001 - store gone: nobody waits for it
