@@ -41,7 +41,7 @@ from wellfno.cli import UserError, atomic_write_json, atomic_write_text, run_mai
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_LIST = REPO / "tests" / "device" / "wheels.txt"
 # What comes back from a lent machine: at most 8 files, at most two folders below $OUT
-# (/work/.library/device/README.md's limits, the issue's); the summary writes only these.
+# (the lending tool's limits, as issue 40 gives them); the summary writes only these.
 OUT_FILES = ("day0.txt", "day0.json", "gpu_check.txt", "gpu_check.json", "toolchain.txt",
              "compile.log", "day0.log", "ladder.json")
 MAX_FILES = 8
