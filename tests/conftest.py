@@ -75,6 +75,16 @@ STEPS = {
 }
 
 
+def starting_script(step: str) -> Path:
+    """What exercise `step` starts from: exercises/STEP/start.py where the step's solution folds
+    code an earlier step taught into packages (tests/test_lesson_diffs.py), else the previous
+    step's solution. `diff starting_script(step) STEPS[step]` is the lesson."""
+    starter = REPO / "exercises" / step / "start.py"
+    if starter.is_file():
+        return starter
+    return REPO / STEPS[list(STEPS)[list(STEPS).index(step) - 1]]
+
+
 def steps_from(step: str) -> list[str]:
     """`step` and every later step of the course."""
     names = list(STEPS)
@@ -99,9 +109,14 @@ def pytest_generate_tests(metafunc):
         # later one too, the last included. On the last solution alone the earlier checks were 17 %
         # of make test's time. tests/test_drift.py holds each solution to its predecessor's syntax
         # tree, so what a later step does not teach is the code these checks passed on.
-        later = steps_from(step)[1:] if os.environ.get("WELLFNO_FULL_MATRIX") == "1" else []
+        full = os.environ.get("WELLFNO_FULL_MATRIX") == "1"
+        later = steps_from(step)[1:] if full else []
         params = [pytest.param(REPO / STEPS[step], id=step)]
         params += [pytest.param(REPO / STEPS[name], id=name, marks=[pytest.mark.slow]) for name in later]
+        # a later exercise's starting script is a solution from this step on with earlier lessons
+        # folded into packages: this step's checks pass on it too
+        params += [pytest.param(starting_script(name), id=f"{name[:2]}_start", marks=[pytest.mark.slow])
+                   for name in later if starting_script(name).name == "start.py"]
     metafunc.parametrize("script", params, indirect=True, scope="module")
 
 
