@@ -181,7 +181,13 @@ def import_script(path: Path):
     spec = importlib.util.spec_from_file_location(f"script_under_test_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # as an import does: a script's dataclasses look it up there
-    spec.loader.exec_module(module)
+    # As `python script.py` does, the script's folder comes first on sys.path while it is imported:
+    # solution 10 imports its task-1 module (flop_count.py) from beside it.
+    sys.path.insert(0, str(Path(path).resolve().parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(Path(path).resolve().parent))
     return module
 
 
