@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import REPO, STEPS, starting_script
 from tests.test_cross_steps import options_of
 from tests.test_drift import MOVED, MOVED_BLOCKS, definitions, drift
+from tests.test_taught_modules import TAUGHT
 
 HANDFUL = 3
 # The names each step's idea brings in or rewrites (regular expressions; an option's dashes match
@@ -48,7 +49,7 @@ IDEA_NAMES = {
                       r"\.item\(\)", "detach"],
     "09_mixed_precision": ["amp", "autocast", "scaler", "GradScaler", "float32", "peak_memory",
                            "contextlib"],
-    "10_mfu": ["flops", "FLOP", "counted", "nvtx", "layers", "modes", "grid", "efficiency",
+    "10_mfu": ["flops", "FLOP", "counted", "flop_count", "nvtx", "layers", "modes", "grid", "efficiency",
                "utilization", "peak_memory", "example", "contextlib"],
     "11_compile": ["compile", "_orig_mod", r"\bfno = ", r"fno\.loss", "untimed", "drop_last",
                    "train_model", "excludes"],
@@ -177,6 +178,9 @@ def folds_at(step: str) -> tuple[list[str], list[str]]:
     """The package calls MOVED_BLOCKS starts at `step`, and the functions MOVED takes out there."""
     calls = [f"{name.rsplit('.', 2)[-2]}.{name.rsplit('.', 1)[1]}("
              for name, (*_, moved_in) in MOVED_BLOCKS.items() if moved_in == step]
+    # a module beside a solution (tests/test_taught_modules.py): the next step calls the package's
+    calls += [later[step] for _, taught_in, _, later in TAUGHT.values()
+              if step in later and list(STEPS).index(step) == list(STEPS).index(taught_in) + 1]
     prev = definitions(ast.parse((REPO / STEPS[previous(step)]).read_text()))
     now = definitions(ast.parse((REPO / STEPS[step]).read_text()))
     functions = [name for name in MOVED if name in prev and name not in now]

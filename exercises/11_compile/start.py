@@ -1,4 +1,4 @@
-"""Exercise 11's start: solution 10 with 09's spectral_convs_in_float32 in wellfno.amp.
+"""Exercise 11's start: solution 10 with its FLOP count and 09's float32 hook in packages.
 
 The move is not the lesson: `diff solutions/10_mfu/fno.py
 exercises/11_compile/start.py` shows it. Exercise 11 is
