@@ -161,12 +161,19 @@ def call_main(module, *argv):
 
 
 def import_script(path: Path):
+    """The script as a module, imported as `python path` runs it: with its folder first on
+    sys.path while it imports (solution 13 imports domain_conv.py from beside it)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"script_under_test_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # as an import does: a script's dataclasses look it up there
-    spec.loader.exec_module(module)
+    folder = str(Path(path).resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
     return module
 
 
