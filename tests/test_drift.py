@@ -82,7 +82,7 @@ CHANGES = {
                   "excludes += ", 'atomic_write_json(out / "metrics.json"'],
     },
     "12_checkpointing": {
-        "parse_args": EVERYWHERE,
+        "parse_args": EVERYWHERE, "+checkpoint_blocks": EVERYWHERE,
         # blocks earlier steps taught, now package functions (MOVED_BLOCKS)
         "main": ["ranks.run_on_every_rank("],
         "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits(",
@@ -114,6 +114,7 @@ MOVED = {
     "validate": ("wellfno.ranks", "06_exact_metrics"),
     "synchronize": ("wellfno.device", "08_host_syncs"),
     "spectral_convs_in_float32": ("wellfno.amp", "09_mixed_precision"),
+    "checkpoint_blocks": ("wellfno.checkpointing", "12_checkpointing"),
 }
 # Taught code a solution keeps in a module beside its script (a step's code too long for its fno.py
 # and its diff): that file -> (the package module whose copy later steps and the benchmarks use,
