@@ -176,13 +176,15 @@ def call_main(module, *argv):
 
 
 def import_script(path: Path):
+    """The script as a module, imported as `python path` runs it: with its folder first on
+    sys.path while it imports (solution 13 imports domain_conv.py from beside it)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"script_under_test_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # as an import does: a script's dataclasses look it up there
     # As `python script.py` does, the script's folder comes first on sys.path while it is imported:
-    # solution 10 imports its task-1 module (flop_count.py) from beside it.
+    # solutions 10 and 13 import their task's module (flop_count.py, domain_conv.py) from beside them.
     sys.path.insert(0, str(Path(path).resolve().parent))
     try:
         spec.loader.exec_module(module)

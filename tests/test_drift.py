@@ -85,7 +85,7 @@ CHANGES = {
                   "counted = "],
     },
     "12_checkpointing": {
-        "parse_args": EVERYWHERE,
+        "parse_args": EVERYWHERE, "+checkpoint_blocks": EVERYWHERE,
         # blocks earlier steps taught, now package functions (MOVED_BLOCKS)
         "main": ["ranks.run_on_every_rank("],
         "train": ["if args.checkpoint_blocks", "log(memory.check_step_fits(",
@@ -97,7 +97,7 @@ CHANGES = {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
         "train": ["layout = domain.ProcessGrid.create(", "group = ", "if len(splits[split]) < ",
                   "slab = ", "if args.domain_size", "train_sampler = torch.utils.data.DistributedSampler(",
-                  "valid_loader = DataLoader(", "domain.check_layout(", "domain.split_model(",
+                  "valid_loader = DataLoader(", "domain.check_layout(", "domain_conv.split_model(",
                   "loss_fn = ", "log(memory.check_step_fits(", "example = ", "counted = ",
                   "global_batch = ", 'log(f"global batch', "left_out = ",
                   'log(f"epoch {epoch}: training samples', "row = train_one_epoch(",
@@ -106,7 +106,7 @@ CHANGES = {
     },
     "14_long_rollouts": {
         "parse_args": EVERYWHERE, "train_one_epoch": EVERYWHERE,
-        "train": ["unrolled.check_arguments(", 'splits["train"] = unrolled.training_split(',
+        "train": ["unrolled.check_arguments(", "domain.split_model(", 'splits["train"] = unrolled.training_split(',
                   "rollout_loss = ", "rollout_loss.set_epoch(", "log(memory.check_step_fits(", "targets = ", "counted = ",
                   "row = train_one_epoch(", "whole = ", 'print(f"whole trajectory',
                   'atomic_write_json(out / "eval.json"', 'atomic_write_json(out / "metrics.json"'],
@@ -117,6 +117,14 @@ MOVED = {
     "validate": ("wellfno.ranks", "06_exact_metrics"),
     "synchronize": ("wellfno.device", "08_host_syncs"),
     "spectral_convs_in_float32": ("wellfno.amp", "09_mixed_precision"),
+    "checkpoint_blocks": ("wellfno.checkpointing", "12_checkpointing"),
+}
+# Taught code a solution keeps in a module beside its script (a step's code too long for its fno.py
+# and its diff): that file -> (the package module whose copy later steps and the benchmarks use,
+# the names the file defines, each the same syntax tree as the package's).
+BESIDE = {
+    "solutions/13_domain_parallel/domain_conv.py": ("wellfno.domain",
+                                                    ("DomainSpectralConv", "split_model")),
 }
 # Blocks of statements that left the solutions for a package once their step was taught:
 # "module.function" -> (the step that taught the block, the solution's function it was in, the
@@ -275,6 +283,22 @@ def test_moved_code_is_the_taught_code(name):
                     if isinstance(n, ast.ImportFrom) for a in n.names}
         assert (module, name) in imported, \
             f"{STEPS[step]} neither defines {name} nor imports it from {module}"
+
+
+@pytest.mark.parametrize("path", list(BESIDE))
+def test_code_beside_a_solution_is_the_package_copy(path):
+    """The module beside a solution holds the taught code, the package the same code for later."""
+    module, names = BESIDE[path]
+    beside = definitions(ast.parse((REPO / path).read_text()))
+    assert sorted(beside) == sorted(names), f"{path} defines {sorted(beside)}, not {sorted(names)}"
+    package = definitions(ast.parse(Path(importlib.import_module(module).__file__).read_text()))
+    for name in names:
+        assert ast.dump(beside[name]) == ast.dump(package[name]), \
+            f"{module}.{name} is not {path}'s {name}"
+    step, stem = Path(path).parent.name, Path(path).stem
+    imported = {a.name for n in ast.walk(ast.parse(source(step))) if isinstance(n, ast.Import)
+                for a in n.names}
+    assert stem in imported, f"{STEPS[step]} does not import {stem} (the code beside it)"
 
 
 def taught_block(step: str, function: str, first_line: str, count) -> list[ast.stmt]:
