@@ -119,13 +119,7 @@ MOVED = {
     "spectral_convs_in_float32": ("wellfno.amp", "09_mixed_precision"),
     "checkpoint_blocks": ("wellfno.checkpointing", "12_checkpointing"),
 }
-# Taught code a solution keeps in a module beside its script (a step's code too long for its fno.py
-# and its diff): that file -> (the package module whose copy later steps and the benchmarks use,
-# the names the file defines, each the same syntax tree as the package's).
-BESIDE = {
-    "solutions/13_domain_parallel/domain_conv.py": ("wellfno.domain",
-                                                    ("DomainSpectralConv", "split_model")),
-}
+# (Taught code a solution keeps in a module beside it: tests/test_taught_modules.py, TAUGHT.)
 # Blocks of statements that left the solutions for a package once their step was taught:
 # "module.function" -> (the step that taught the block, the solution's function it was in, the
 # beginning of its first statement (its first line, or more lines where the first is not unique;
@@ -283,22 +277,6 @@ def test_moved_code_is_the_taught_code(name):
                     if isinstance(n, ast.ImportFrom) for a in n.names}
         assert (module, name) in imported, \
             f"{STEPS[step]} neither defines {name} nor imports it from {module}"
-
-
-@pytest.mark.parametrize("path", list(BESIDE))
-def test_code_beside_a_solution_is_the_package_copy(path):
-    """The module beside a solution holds the taught code, the package the same code for later."""
-    module, names = BESIDE[path]
-    beside = definitions(ast.parse((REPO / path).read_text()))
-    assert sorted(beside) == sorted(names), f"{path} defines {sorted(beside)}, not {sorted(names)}"
-    package = definitions(ast.parse(Path(importlib.import_module(module).__file__).read_text()))
-    for name in names:
-        assert ast.dump(beside[name]) == ast.dump(package[name]), \
-            f"{module}.{name} is not {path}'s {name}"
-    step, stem = Path(path).parent.name, Path(path).stem
-    imported = {a.name for n in ast.walk(ast.parse(source(step))) if isinstance(n, ast.Import)
-                for a in n.names}
-    assert stem in imported, f"{STEPS[step]} does not import {stem} (the code beside it)"
 
 
 def taught_block(step: str, function: str, first_line: str, count) -> list[ast.stmt]:

@@ -46,6 +46,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, STEPS
+from tests.test_taught_modules import TAUGHT
 
 
 
@@ -66,9 +67,10 @@ PARTICIPANT = {
                     "09_mixed_precision", "10_mfu", "11_compile", "12_checkpointing",
                     "13_domain_parallel", "14_long_rollouts")},
 }
-# modules a finished file imports from beside it, which go beside it too (solution 13 keeps its
-# spectral convolution, the code of exercise 13's tasks 2 and 3, in domain_conv.py)
-BESIDE = {"13_domain_parallel": ("solutions/13_domain_parallel/domain_conv.py",)}
+# modules a finished file imports from beside it, which go beside it too (solution 10's FLOP count,
+# flop_count.py; solution 13's spectral convolution, domain_conv.py: tests/test_taught_modules.py)
+BESIDE = {step: tuple(path for path, (_, taught_in, *_) in TAUGHT.items() if taught_in == step)
+          for step in {taught_in for _, taught_in, *_ in TAUGHT.values()}}
 EXERCISES = list(PARTICIPANT)
 # the exercises whose README has `## Tasks (N minutes)` and a slot in INSTRUCTORS.md's agenda
 TIMED = EXERCISES  # every exercise: its tasks add up to its slot in INSTRUCTORS.md

@@ -53,7 +53,7 @@ IDEA_NAMES = {
                "utilization", "peak_memory", "example", "contextlib"],
     "11_compile": ["compile", "_orig_mod", r"\bfno = ", r"fno\.loss", "untimed", "drop_last",
                    "train_model", "excludes"],
-    "12_checkpointing": ["checkpoint_blocks", "checkpointed", r"checkpoint\("],
+    "12_checkpointing": ["checkpoint"],
     "13_domain_parallel": ["domain", "slab", "layout", "group", "loss_fn", "DomainSpectralConv"],
     "14_long_rollouts": ["rollout", "unrolled", "pushforward", "input_noise", "noise", "whole",
                          "targets", "loss_fn", "_orig_mod", "DistributedDataParallel"],

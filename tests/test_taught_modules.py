@@ -28,6 +28,9 @@ TAUGHT = {
          "13_domain_parallel": "flops.training_flops_per_sample(",
          # a K-step rollout's count, built on wellfno.flops.count_flops
          "14_long_rollouts": "unrolled.training_flops_per_sample("}),
+    "solutions/13_domain_parallel/domain_conv.py": (
+        "wellfno.domain", "13_domain_parallel", "import domain_conv",
+        {"14_long_rollouts": "domain.split_model("}),
 }
 
 

@@ -1,9 +1,5 @@
 """Exercise 02's start: solution 01 with its profiler's start in profiling.window.
 
-The move is not the lesson: `diff solutions/01_profiling/fno.py
-exercises/02_data_pipeline/start.py` shows it. Exercise 02 is
-`diff exercises/02_data_pipeline/start.py solutions/02_data_pipeline/fno.py`.
-
     python exercises/02_data_pipeline/start.py --profile --max-steps 12   # trace steps 7-11
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).

@@ -1,9 +1,5 @@
 """Exercise 03's start: solution 02 with its options in wellfno.options.
 
-The move is not the lesson: `diff solutions/02_data_pipeline/fno.py
-exercises/03_affinity/start.py` shows it. Exercise 03 is
-`diff exercises/03_affinity/start.py solutions/03_affinity/fno.py`.
-
     python exercises/03_affinity/start.py --num-workers 4 --pin-memory --fast-reader
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).

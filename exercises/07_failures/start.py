@@ -1,9 +1,5 @@
 """Exercise 07's start: solution 06 with steps 02-05's set-up and the rollout lines in packages.
 
-The move is not the lesson: `diff solutions/06_exact_metrics/fno.py
-exercises/07_failures/start.py` shows it. Exercise 07 is
-`diff exercises/07_failures/start.py solutions/07_failures/fno.py`.
-
     torchrun --nproc-per-node 3 exercises/07_failures/start.py --eval-only --out runs/ddp
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).

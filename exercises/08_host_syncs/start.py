@@ -1,9 +1,5 @@
 """Exercise 08's start: solution 07 with 06's validate and the profiled window's end in packages.
 
-The move is not the lesson: `diff solutions/07_failures/fno.py
-exercises/08_host_syncs/start.py` shows it. Exercise 08 is
-`diff exercises/08_host_syncs/start.py solutions/08_host_syncs/fno.py`.
-
     torchrun --nproc-per-node 2 exercises/08_host_syncs/start.py --timeout 30 --out runs/failures
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).

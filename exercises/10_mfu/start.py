@@ -1,9 +1,5 @@
 """Exercise 10's start: solution 09 with 08's synchronize and 09's autocast set-up in packages.
 
-The move is not the lesson: `diff solutions/09_mixed_precision/fno.py
-exercises/10_mfu/start.py` shows it. Exercise 10 is
-`diff exercises/10_mfu/start.py solutions/10_mfu/fno.py`.
-
     python exercises/10_mfu/start.py --amp bf16 --log-every 50
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).

@@ -1,9 +1,5 @@
 """Exercise 11's start: solution 10 with its FLOP count and 09's float32 hook in packages.
 
-The move is not the lesson: `diff solutions/10_mfu/fno.py
-exercises/11_compile/start.py` shows it. Exercise 11 is
-`diff exercises/11_compile/start.py solutions/11_compile/fno.py`.
-
     python exercises/11_compile/start.py --amp bf16 --width 64 --batch-size 64
     nsys profile --trace=cuda,nvtx,osrt -o runs/nsys python exercises/11_compile/start.py --nvtx
 

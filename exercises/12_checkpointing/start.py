@@ -1,9 +1,5 @@
 """Exercise 12's start: solution 11 with 07's rank start, 10's checks, the rollout in packages.
 
-The move is not the lesson: `diff solutions/11_compile/fno.py
-exercises/12_checkpointing/start.py` shows it. Exercise 12 is
-`diff exercises/12_checkpointing/start.py solutions/12_checkpointing/fno.py`.
-
     python exercises/12_checkpointing/start.py --compile --width 64 --batch-size 64
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).

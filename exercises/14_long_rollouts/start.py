@@ -1,8 +1,4 @@
-"""Exercise 14's start: solution 13 with 10's argument checks in wellfno.options.
-
-The move is not the lesson: `diff solutions/13_domain_parallel/fno.py
-exercises/14_long_rollouts/start.py` shows it. Exercise 14 is
-`diff exercises/14_long_rollouts/start.py solutions/14_long_rollouts/fno.py`.
+"""Exercise 14's start: solution 13 with 10's checks and its DomainSpectralConv in packages.
 
     torchrun --nproc-per-node 2 exercises/14_long_rollouts/start.py --domain-size 2  # 1 x 2 ranks
     torchrun --nproc-per-node 4 exercises/14_long_rollouts/start.py --domain-size 2  # 2 x 2 ranks
