@@ -403,8 +403,9 @@ def _budget_left(deadline: float, cap: float) -> float:
 
 
 def run_complex_ddp(torch, out: Path, timeout: float, backend: str = "nccl") -> dict:
-    """wellfno.ddp's check on 2 of the node's GPUs (torchrun --standalone, nccl/RCCL), with
-    NCCL_DEBUG=INFO: whether plain DDP averages complex gradients right, and the transport."""
+    """wellfno.complex_ddp_check's check on 2 of the node's GPUs (torchrun --standalone,
+    nccl/RCCL), with NCCL_DEBUG=INFO: whether plain DDP averages complex gradients right, and the
+    transport."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < 2:
         if count == 0:
@@ -427,7 +428,7 @@ def run_complex_ddp(torch, out: Path, timeout: float, backend: str = "nccl") -> 
         "--nproc-per-node",
         "2",
         "-m",
-        "wellfno.ddp",
+        "wellfno.complex_ddp_check",
         "--out",
         str(out),
         "--backend",
@@ -641,7 +642,7 @@ def not_answered(node: dict | None) -> list[dict]:
 
 
 def complex_ddp_line(node: dict) -> str:
-    from wellfno.ddp import verdict_line
+    from wellfno.complex_ddp_check import verdict_line
 
     check = node.get("complex_ddp") or {"ran": False, "why": "not run"}
     if check.get("needs_gpus") or check.get("timed_out"):

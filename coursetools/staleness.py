@@ -8,10 +8,11 @@ Each results file records the commit it was measured on (benchtools.resultfiles.
 target's code is every repository file its commands run: the scripts and `-m` modules named in
 its command lines, the ones its tools start themselves (`Target.runs`), `wellfno.grayscott` where
 it uses the generated data (`make results` makes it first), and every module of ours those import,
-transitively (an AST walk of `import` statements, inside functions too, of our five packages;
-the scripts import only packages). A file is stale when one of those files differs from the
-recorded commit in its code, in today's tree (committed or not), or is new since; or was
-uncommitted when it was measured; or when the file records no commit, or one this history lacks.
+transitively (an AST walk of `import` statements, inside functions too, of our five packages,
+and of a script's own modules beside it: solution 13 imports its domain_conv.py). A file is stale
+when one of those files differs from the recorded commit in its code, in today's tree (committed
+or not), or is new since; or was uncommitted when it was measured; or when the file records no
+commit, or one this history lacks.
 
 What counts as a change: the file's syntax tree with its docstrings taken out (`normalized`), so a
 comment or a docstring does not force an hour of re-measuring, and any change of code does (even
@@ -106,6 +107,9 @@ def imports_of(path: str, root: Path) -> set[str]:
             names.update(f"{module}.{alias.name}" for alias in node.names)
     found = set()
     for name in names:
+        beside = Path(path).parent / f"{name}.py"  # a script's own module next to it (sys.path[0])
+        if "." not in name and name not in PACKAGES and (root / beside).is_file():
+            found.add(beside.as_posix())
         parts = name.split(".")
         for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__
             module = module_file(".".join(parts[:i]), root)

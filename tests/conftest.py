@@ -75,6 +75,16 @@ STEPS = {
 }
 
 
+def starting_script(step: str) -> Path:
+    """What exercise `step` starts from: exercises/STEP/start.py where the step's solution folds
+    code an earlier step taught into packages (tests/test_lesson_diffs.py), else the previous
+    step's solution. `diff starting_script(step) STEPS[step]` is the lesson."""
+    starter = REPO / "exercises" / step / "start.py"
+    if starter.is_file():
+        return starter
+    return REPO / STEPS[list(STEPS)[list(STEPS).index(step) - 1]]
+
+
 def steps_from(step: str) -> list[str]:
     """`step` and every later step of the course."""
     names = list(STEPS)
@@ -99,9 +109,14 @@ def pytest_generate_tests(metafunc):
         # later one too, the last included. On the last solution alone the earlier checks were 17 %
         # of make test's time. tests/test_drift.py holds each solution to its predecessor's syntax
         # tree, so what a later step does not teach is the code these checks passed on.
-        later = steps_from(step)[1:] if os.environ.get("WELLFNO_FULL_MATRIX") == "1" else []
+        full = os.environ.get("WELLFNO_FULL_MATRIX") == "1"
+        later = steps_from(step)[1:] if full else []
         params = [pytest.param(REPO / STEPS[step], id=step)]
         params += [pytest.param(REPO / STEPS[name], id=name, marks=[pytest.mark.slow]) for name in later]
+        # a later exercise's starting script is a solution from this step on with earlier lessons
+        # folded into packages: this step's checks pass on it too
+        params += [pytest.param(starting_script(name), id=f"{name[:2]}_start", marks=[pytest.mark.slow])
+                   for name in later if starting_script(name).name == "start.py"]
     metafunc.parametrize("script", params, indirect=True, scope="module")
 
 
@@ -161,12 +176,20 @@ def call_main(module, *argv):
 
 
 def import_script(path: Path):
+    """The script as a module, imported as `python path` runs it: with its folder first on
+    sys.path while it imports (solution 13 imports domain_conv.py from beside it)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"script_under_test_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # as an import does: a script's dataclasses look it up there
-    spec.loader.exec_module(module)
+    # As `python script.py` does, the script's folder comes first on sys.path while it is imported:
+    # solutions 10 and 13 import their task's module (flop_count.py, domain_conv.py) from beside them.
+    sys.path.insert(0, str(Path(path).resolve().parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(Path(path).resolve().parent))
     return module
 
 

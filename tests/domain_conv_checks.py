@@ -5,6 +5,7 @@ bug)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -17,37 +18,57 @@ from wellfno.cli import UserError
 
 def later_steps_options(script) -> list[str]:
     """The options of exercises after 13 (tests/checks.py's OPTION_TASKS) that the script's
-    source names: a later step's script (exercise 14 starts from solution 13, which trains with
-    wellfno.domain's convolution) when there are any."""
+    source names: a later step's script (exercise 14 starts from solution 13; solution 14 trains
+    with wellfno.domain's convolution) when there are any."""
     source = Path(script).read_text()
     return [option for option, (exercise, _) in OPTION_TASKS.items()
             if exercise > "13" and f'"{option}"' in source]
 
 
-def trains_with_wellfno_domain(script_module) -> bool:
+def where_the_convolution_is(script, script_module):
+    """The module that holds the script's DomainSpectralConv: the script itself (a participant's,
+    as task 2 asks), or a module beside it that it imports (solution 13's domain_conv.py)."""
+    if hasattr(script_module, "DomainSpectralConv"):
+        return script_module
+    folder = Path(script).resolve().parent
+    beside = [value for value in vars(script_module).values()
+              if inspect.ismodule(value) and hasattr(value, "DomainSpectralConv")
+              and Path(getattr(value, "__file__", None) or "/").resolve().parent == folder]
+    return beside[0] if beside else script_module
+
+
+def trains_with_wellfno_domain(script, script_module) -> bool:
     """The script's spectral convolution is wellfno.domain's: it imports that module, as solution
-    13 does (split_model), or its DomainSpectralConv by name."""
-    own = getattr(script_module, "DomainSpectralConv", None)
+    14 does (split_model), or its DomainSpectralConv by name."""
+    holder = where_the_convolution_is(script, script_module)
+    own = getattr(holder, "DomainSpectralConv", None)
     return own is domain_check.REFERENCE or (own is None and getattr(script_module, "domain", None)
                                              is domain)
 
 
 def convolution_under_test(request, script, script_module):
-    """The participant's own DomainSpectralConv (--script: wellfno.domain_check's contract), else
-    wellfno.domain's, which the reference solution uses through split_model, and so may a later
-    step's script; one sentence if the participant's step-13 script has none of its own."""
-    if request.config.getoption("--script") is None:
+    """The participant's own DomainSpectralConv (--script: wellfno.domain_check's contract), or
+    solution 13's (domain_conv.py, beside it); else wellfno.domain's, which a later step's script
+    trains with through split_model; one sentence if the participant's step-13 script has none of
+    its own."""
+    if trains_with_wellfno_domain(script, script_module) and (
+            request.config.getoption("--script") is None or later_steps_options(script)):
+        # Exercise 13's own convolution is asked of the step-13 script. A later step's script may
+        # train with wellfno.domain's, as the solutions from 14 on do: that is the one checked then.
         return domain_check.REFERENCE
-    # Exercise 13's own convolution is asked of the step-13 script. A later step's script may
-    # train with wellfno.domain's, as the solutions from 13 on do: that is the one checked then.
-    if trains_with_wellfno_domain(script_module) and later_steps_options(script):
-        return domain_check.REFERENCE
+    holder = where_the_convolution_is(script, script_module)
     refused = None
     try:
-        return domain_check.convolution_of(script_module, Path(script).name)
+        return domain_check.convolution_of(holder, Path(holder.__file__).name)
     except UserError as err:
         refused = str(err)
     require(False, refused)  # outside the except: no "during handling of the above exception"
+
+
+def file_of(convolution) -> Path:
+    """The file that defines the class: what `python -m wellfno.domain_check --script` loads (it
+    imports the file alone, so solution 13's is domain_conv.py, not the fno.py that imports it)."""
+    return Path(inspect.getfile(convolution))
 
 
 def check_on_one_rank(cls) -> None:

@@ -37,7 +37,8 @@ from tests.test_05_ddp import (
     max_relative_difference,
     parameters,
 )
-from tests.domain_conv_checks import check_on_one_rank, check_on_ranks, convolution_under_test
+from tests.domain_conv_checks import (check_on_one_rank, check_on_ranks, convolution_under_test,
+                                      file_of)
 from wellfno import domain_check
 
 STEP = "13_domain_parallel"  # the cross-step matrix (tests/conftest.py) supplies `script`
@@ -89,11 +90,12 @@ def test_your_spectral_convolution_equals_spectral_conv_on_2_and_3_ranks(
 ):
     """wellfno.domain_check on 3 gloo ranks: every case of 1, 2 and 3 ranks, 2-D and 3-D, odd
     axes; the forward slabs and every gradient are SpectralConv's on the whole grid (1e-5)."""
-    # the contract, before any rank starts; wellfno.domain's where the script is the reference's
-    # or a later step's that trains with it (convolution_under_test)
+    # the contract, before any rank starts; wellfno.domain's where the script is a later step's
+    # that trains with it (convolution_under_test)
     convolution = convolution_under_test(request, script, script_module)
     mine = convolution is not domain_check.REFERENCE
-    check_on_ranks(("--script", script) if mine else ("--reference",), tmp_path / "report.json")
+    check_on_ranks(("--script", file_of(convolution)) if mine else ("--reference",),
+                   tmp_path / "report.json")
 
 
 @pytest.mark.slow

@@ -61,13 +61,16 @@ def test_a_steps_checks_run_on_its_solution_and_later_ones(step, full, monkeypat
     later = steps_from(step)
     if not full:
         later = later[:1]
-    assert name == "script" and [p.id for p in params] == later
+    # make test-matrix: the later exercises' starting scripts too (earlier lessons folded)
+    starters = [s for s in later[1:] if (REPO / "exercises" / s / "start.py").is_file()]
+    assert name == "script" and [p.id for p in params] == later + [f"{s[:2]}_start" for s in starters]
     if full:
         assert later[-1] == list(STEPS)[-1]  # the last solution carries every step's checks
-    assert [p.values[0] for p in params] == [REPO / STEPS[s] for s in later]
+    assert [p.values[0] for p in params] == ([REPO / STEPS[s] for s in later]
+                                             + [REPO / "exercises" / s / "start.py" for s in starters])
     assert options["indirect"] is True and options["scope"] == "module"  # one run per script and module
     # make test-fast and make test check the step's own solution; make test-matrix the others.
-    assert [[m.name for m in p.marks] for p in params] == [[]] + [["slow"]] * (len(later) - 1)
+    assert [[m.name for m in p.marks] for p in params] == [[]] + [["slow"]] * (len(params) - 1)
 
 
 def test_script_option_checks_the_participants_file_alone(tmp_path):

@@ -1,4 +1,5 @@
-"""wellfno.ddp: the course's real weights and plain DDP of complex weights, on the CPU over gloo.
+"""wellfno.complex_ddp_check: the course's real weights and plain DDP of complex weights, on the
+CPU over gloo.
 
 Over gloo on the pinned torch both average right; what goes wrong over NCCL/RCCL on an older
 torch (pytorch/pytorch#158753: the imaginary parts lost) is reproduced on the CPU by
@@ -18,7 +19,7 @@ import torch
 
 from tests.conftest import REPO, run_script
 from tests.test_05_ddp import assert_ok, launch
-from wellfno import ddp
+from wellfno import complex_ddp_check as ddp
 from wellfno.cli import torch_version
 
 TOLERANCE = 1e-5  # as tests/test_05_ddp.py: the same sums in another order, float32
@@ -47,7 +48,7 @@ def gloo_check(tmp_path_factory):
     out = tmp_path_factory.mktemp("complex_ddp")
     assert_ok(
         launch(
-            REPO / "wellfno" / "ddp.py",
+            REPO / "wellfno" / "complex_ddp_check.py",
             2,
             "--out",
             out,
@@ -160,7 +161,7 @@ def test_the_real_weights_compute_what_the_complex_ones_do():
 def test_without_a_launcher_is_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     r = subprocess.run(
-        [sys.executable, "-m", "wellfno.ddp", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "wellfno.complex_ddp_check", "--out", str(tmp_path / "o")],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -171,5 +172,5 @@ def test_without_a_launcher_is_one_line(tmp_path):
         "error: start the ranks with a launcher"
     )
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
-    r = run_script("-m", "wellfno.ddp", "--out", tmp_path / "o", "--batch-size", "0")
+    r = run_script("-m", "wellfno.complex_ddp_check", "--out", tmp_path / "o", "--batch-size", "0")
     assert r.returncode == 2 and "must be positive" in r.stderr

@@ -46,6 +46,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, STEPS
+from tests.test_taught_modules import TAUGHT
 
 
 
@@ -66,6 +67,10 @@ PARTICIPANT = {
                     "09_mixed_precision", "10_mfu", "11_compile", "12_checkpointing",
                     "13_domain_parallel", "14_long_rollouts")},
 }
+# modules a finished file imports from beside it, which go beside it too (solution 10's FLOP count,
+# flop_count.py; solution 13's spectral convolution, domain_conv.py: tests/test_taught_modules.py)
+BESIDE = {step: tuple(path for path, (_, taught_in, *_) in TAUGHT.items() if taught_in == step)
+          for step in {taught_in for _, taught_in, *_ in TAUGHT.values()}}
 EXERCISES = list(PARTICIPANT)
 # the exercises whose README has `## Tasks (N minutes)` and a slot in INSTRUCTORS.md's agenda
 TIMED = EXERCISES  # every exercise: its tasks add up to its slot in INSTRUCTORS.md
@@ -213,6 +218,8 @@ def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_pa
     own, finished = PARTICIPANT[exercise]
     (scratch_repo / own).unlink(missing_ok=True)
     shutil.copy2(finished(tmp_path), scratch_repo / own)
+    for module in BESIDE.get(exercise, ()):
+        shutil.copy2(REPO / module, scratch_repo / Path(module).name)
     shutil.rmtree(scratch_repo / "runs", ignore_errors=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",

@@ -140,7 +140,8 @@ TWO_GPUS = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def nccl_check(tmp_path_factory):
-    """wellfno.ddp over nccl/RCCL on 2 GPUs with NCCL_DEBUG=INFO, as the day-0 job runs it."""
+    """wellfno.complex_ddp_check over nccl/RCCL on 2 GPUs with NCCL_DEBUG=INFO, as the day-0 job
+    runs it."""
     from coursetools import gpucheck
 
     out = tmp_path_factory.mktemp("complex_ddp")
@@ -149,9 +150,9 @@ def nccl_check(tmp_path_factory):
 
 @TWO_GPUS
 def test_gpu_complex_gradients_two_ranks_equal_one_rank(nccl_check):
-    """One step of the real FNO over nccl/RCCL, 2 ranks x 4 vs 1 rank x 8, TF32 off (wellfno.ddp
-    calls exact_float32): every parameter's gradient and value after the step, real and imaginary
-    parts, within 1e-5
+    """One step of the real FNO over nccl/RCCL, 2 ranks x 4 vs 1 rank x 8, TF32 off
+    (wellfno.complex_ddp_check calls exact_float32): every parameter's gradient and value after
+    the step, real and imaginary parts, within 1e-5
     (pytorch/pytorch#158753:
     DDP may lose the imaginary part), of the course's model, whose complex weights are real
     parameters (wellfno.model.spectral_weights_as_real). Plain DDP of complex weights is measured

@@ -331,7 +331,8 @@ def _two_gpus_seen():
 
 @pytest.mark.slow
 def test_complex_ddp_step_runs_the_real_check(tmp_path):
-    """The node step's torchrun of wellfno.ddp, over gloo here: its result and its one line."""
+    """The node step's torchrun of wellfno.complex_ddp_check, over gloo here: its result and its
+    one line."""
     rec = gpucheck.run_complex_ddp(_two_gpus_seen(), tmp_path / "c", timeout=240, backend="gloo")
     check = rec["complex_ddp"]
     assert check["ran"] and check["summary"]["real_weights"]["ok"], check

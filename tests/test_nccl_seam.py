@@ -98,13 +98,15 @@ def test_two_ranks_over_an_nccl_like_group_equal_one_rank(step, tiny_data_dir, f
 
 @pytest.mark.slow
 def test_the_seam_shows_plain_ddp_of_complex_weights_wrong_on_an_unfixed_torch(tmp_path):
-    """wellfno.ddp's check under the seam: the course's real weights are averaged right on every
-    torch; plain DDP of neuralop's complex weights is not on a torch whose reducer predates
-    pytorch/pytorch#166863 (2.5: its real part off, its imaginary part zero), which is what the
-    seam is for. (On newer torch plain DDP may be right: nothing is asserted of it there.)"""
+    """wellfno.complex_ddp_check's check under the seam: the course's real weights are averaged
+    right on every torch; plain DDP of neuralop's complex weights is not on a torch whose reducer
+    predates pytorch/pytorch#166863 (2.5: its real part off, its imaginary part zero), which is
+    what the seam is for. (On newer torch plain DDP may be right: nothing is asserted of it
+    there.)"""
     out = tmp_path / "check"
-    results = launch(REPO / "wellfno" / "ddp.py", 2, "--out", out, "--backend", "gloo",
-                     "--batch-size", "2", "--grid", "8", "--width", "8", "--modes", "4",
+    results = launch(REPO / "wellfno" / "complex_ddp_check.py", 2, "--out", out,
+                     "--backend", "gloo", "--batch-size", "2", "--grid", "8", "--width", "8",
+                     "--modes", "4",
                      env={"PYTHONPATH": pythonpath_with(SEAM)}, timeout=240)
     assert_ok(results)
     assert all(SEAM_LINE in err for _, _, err in results)

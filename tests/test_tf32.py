@@ -12,7 +12,7 @@ import socket
 import pytest
 import torch
 
-from wellfno import ddp
+from wellfno import complex_ddp_check as ddp
 from wellfno.device import exact_float32
 
 
@@ -41,8 +41,8 @@ def test_exact_float32_turns_tf32_off_and_says_so(tf32_on):
 
 
 def test_the_ddp_check_runs_with_tf32_off(tf32_on, tmp_path, monkeypatch, capsys):
-    """python -m wellfno.ddp (the day-0 DDP check), one gloo rank in this process: it turns TF32
-    off before its steps and prints that it did."""
+    """python -m wellfno.complex_ddp_check (the day-0 DDP check), one gloo rank in this process:
+    it turns TF32 off before its steps and prints that it did."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

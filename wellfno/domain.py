@@ -390,7 +390,8 @@ def domain_comm_hook(data_size: int):
     mean over samples). DDP's default divides by the world size: by the domain size too.
     The bucket is reduced in place and handed back itself: a complex bucket travels as its real
     view (NCCL has no complex type), and the collective's own result would be that real view,
-    which DDP's reducer before pytorch/pytorch#166863 copied back wrong (wellfno/ddp.py).
+    which DDP's reducer before pytorch/pytorch#166863 copied back wrong
+    (wellfno/complex_ddp_check.py).
     """
 
     def hook(state, bucket):

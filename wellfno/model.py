@@ -60,7 +60,8 @@ class RealWeight(nn.Module):
 def spectral_weights_as_real(model: nn.Module) -> nn.Module:
     """Every complex dense weight of `model`'s spectral convolutions held as a real parameter
     (RealWeight), in place; returns `model`. The forward computes the same numbers; DDP, optimizers
-    and GradScaler see only float32 parameters (wellfno/ddp.py says why that matters)."""
+    and GradScaler see only float32 parameters (wellfno/complex_ddp_check.py says why that
+    matters)."""
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if isinstance(weight, nn.Module) and hasattr(weight, "to_tensor"):
@@ -93,8 +94,8 @@ class NextFrameFNO(nn.Module):
     mode count per spatial axis, at most the axis' length. Its complex spectral weights are held
     as real parameters, their real views (`spectral_weights_as_real`): DistributedDataParallel
     broadcasts and averages complex tensors wrong or not at all on some backends and torch
-    versions (wellfno/ddp.py, exercises/05_ddp/background.md); `real_weights=False` keeps
-    neuralop's complex parameters.
+    versions (wellfno/complex_ddp_check.py, exercises/05_ddp/background.md);
+    `real_weights=False` keeps neuralop's complex parameters.
     """
 
     def __init__(self, channels_per_frame: int, n_steps_input: int, stats: dict[str, torch.Tensor], *,

@@ -34,6 +34,8 @@ from wellfno.ranks import over_ranks, samples_left_out, validate
 from wellfno.rollout import evaluate_rollouts
 from wellfno.watchdog import Watchdog
 
+from flop_count import training_flops_per_sample  # task 1, beside this script
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -224,7 +226,7 @@ def train(args, env, backend, device):
     scaler, autocast = amp.autocast_and_scaler(args, device)  # step 09's (wellfno.amp)
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
-    counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
+    counted = training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
     if device.type == "cuda":  # the count ran a float32 step: the peak memory is training's alone
         torch.cuda.reset_peak_memory_stats(device)
     first_epoch, step, history = 1, 0, []

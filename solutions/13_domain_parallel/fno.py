@@ -30,6 +30,7 @@ from wellfno.progress import progress_bar
 from wellfno.ranks import over_ranks, samples_left_out
 from wellfno.slabs import SlabWellDataset
 from wellfno.toolchain import check_compiler
+import domain_conv  # exercise 13's tasks 2 and 3 (DomainSpectralConv, split_model): beside this
 
 
 def parse_args(argv=None):
@@ -203,7 +204,7 @@ def train(args, env, backend, device):
     model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
                                      modes=args.modes, layers=args.layers)
     domain.check_layout(model, args.domain_size)
-    domain.split_model(model, slab)  # spectral convolutions exchange modes in the group; same state
+    domain_conv.split_model(model, slab)  # the convolutions exchange modes in the group; same state
     loss_fn = domain.sample_loss(model.loss, slab)  # the whole sample's mean, on each rank of it
     if args.checkpoint_blocks:  # the same model and state_dict; each block rebuilt in the backward
         checkpoint_blocks(model.fno)

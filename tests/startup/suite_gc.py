@@ -12,8 +12,8 @@ With a first threshold of 1,000,000 no collection runs until a process holds a m
 container objects than it freed: a short run of the course's scripts never gets there (no
 collection at all in a 1-epoch run of solution 07 on the tiny data), and a long one is collected
 as usual from then on, so cyclic garbage stays bounded. Peak memory did not move (a profiled run:
-995 MB and 997 MB; a --compile run: 547 MB either way). Measured on the 2-core CI VM: README.md,
-"What we chose".
+995 MB and 997 MB; a --compile run: 547 MB either way). Measured on the 2-core CI VM: DESIGN.md,
+"How long the tests take".
 
 Like OMP_NUM_THREADS=1 and TORCHINDUCTOR_COMPILE_THREADS=1 (tests/conftest.py), this is how the
 suite runs the programs on 2 cores, not something the programs do: when the collector runs

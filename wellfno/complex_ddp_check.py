@@ -1,7 +1,8 @@
 """Complex weights under DistributedDataParallel: keep them as real parameters (the course's way,
 solution 05 on), and the check that DDP averages them right (2 ranks x b against 1 rank x 2b).
 
-    torchrun --standalone --nproc-per-node 2 -m wellfno.ddp --out DIR   # nccl on 2 GPUs, else gloo
+    torchrun --standalone --nproc-per-node 2 -m wellfno.complex_ddp_check --out DIR
+                                                     # nccl on 2 GPUs, else gloo
 
 The FNO's spectral weights are complex64 parameters. DDP moves parameters twice: it broadcasts rank
 0's at start-up and all-reduces the gradients in backward. Neither is safe for complex tensors on
@@ -292,7 +293,7 @@ def main(argv=None):
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise UserError(
             "start the ranks with a launcher: torchrun --standalone --nproc-per-node 2 "
-            "-m wellfno.ddp --out DIR"
+            "-m wellfno.complex_ddp_check --out DIR"
         )
     run_check(
         Path(args.out),
