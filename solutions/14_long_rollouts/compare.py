@@ -437,7 +437,7 @@ def figure(result: dict, path: Path) -> None:
     ax.set_ylabel("VRMSE (The Well's): mean over seeds, band: their range")
     machine = {k: v for k, v in result["machine"].items() if k != "torch_threads"}
     how = (f"{d['jobs']} run(s) at a time, {d['threads_per_run']} thread(s) each"
-           if d.get("threads_per_run") else "runs collected from a job array")
+           if d.get("threads_per_run") else "finished runs collected (--collect)")
     longer = ", ".join(f"{v}: {spec['epochs']}" for v, spec in d["variants"].items()
                        if spec["epochs"] != d["epochs"])
     ax.set_title(f"{d['dataset']}, {d['trajectories']} validation trajectories, seeds "
