@@ -362,37 +362,17 @@ def test_ladder_renders_each_idea_against_its_reference_and_a_skipped_row(tmp_pa
 
 
 # ---------------------------------------------------------------- stale results files (issue 41)
-# Every results file measured before files recorded their commit: all of them when issue 41 added
-# the stamp. They are re-measured once the code they measure is final (make results); until then
-# the real-files test below xfails listing them (pytest tests/test_results.py -k stale -rx). Take a
-# file's name out of here once it is re-measured: from then on its staleness fails `make test`.
-NOT_YET_REMEASURED = {
-    "results/runtimes.json", "results/throughput.json", "results/throughput_large.json",
-    "results/compare_scripts.json", "results/profiling_overhead.json", "results/threads.json",
-    "results/affinity_benchmark.json", "results/04_stats_benchmark.json",
-    "results/05_ddp_scaling.json", "results/efficiency_cpu/efficiency.json",
-    "results/12_checkpointing.json", "results/13_domain_scaling.json",
-    "results/14_long_rollouts.json",
-}
-
-
 def test_no_results_file_is_stale():
     """Each results file was measured on today's code: no file its commands run or import changed
-    in code since the commit it records (coursetools.staleness)."""
+    in code since the commit it records (coursetools.staleness). A change to measured code
+    re-measures what it touches in the same submission: `make results ONLY="..."` names them."""
     from coursetools import staleness
 
     why = staleness.history_unavailable(REPO)
     if why:
         pytest.skip(f"which results files are stale needs the history: {why}")
     lines = staleness.stale_files(REPO)
-    stale = {line.split(" is stale")[0] for line in lines}
-    fresh_but_listed = sorted(NOT_YET_REMEASURED - stale)
-    assert not fresh_but_listed, (f"{', '.join(fresh_but_listed)} re-measured: take it out of "
-                                  "NOT_YET_REMEASURED (tests/test_results.py)")
-    assert not stale - NOT_YET_REMEASURED, "\n".join(
-        line for line in lines if line.split(" is stale")[0] not in NOT_YET_REMEASURED)
-    if lines:
-        pytest.xfail("issue 41: measured before the stamp, to be re-measured:\n" + "\n".join(lines))
+    assert not lines, "\n".join(lines)
 
 
 def _git(repo, *args):

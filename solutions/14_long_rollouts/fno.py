@@ -1,8 +1,8 @@
 """Solution 14: solution 13 trained for long rollouts: on noisy inputs, or its own K-step rollouts.
 
-    python solutions/14_long_rollouts/fno.py                    # the default: --input-noise 0.1
-    python solutions/14_long_rollouts/fno.py --rollout-steps 4  # and the loss over 4 of its steps
-    python solutions/14_long_rollouts/fno.py --input-noise 0    # solution 13's training
+    python solutions/14_long_rollouts/fno.py                    # the rule's pick: 13's training
+    python solutions/14_long_rollouts/fno.py --input-noise 0.1  # noise on the input frames
+    python solutions/14_long_rollouts/fno.py --rollout-steps 4  # the loss over 4 of its own steps
 
 Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
 With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
@@ -67,7 +67,7 @@ def parse_args(argv=None):
                    help="K: train on the model's own K-step rollout (1: one step)")
     p.add_argument("--pushforward", action="store_true", help="roll out 0 to K-1 steps without "
                    "gradients, then train one step (memory of one step; Brandstetter et al. 2022)")
-    p.add_argument("--input-noise", type=float, default=0.1,  # chosen by measurement: compare.py
+    p.add_argument("--input-noise", type=float, default=0.0,  # compare.py's rule: no remedy won
                    help="std of Gaussian noise on the input frames, z-scored units "
                         "(Sanchez-Gonzalez et al. 2020; 0: none)")
     args = p.parse_args(argv)
