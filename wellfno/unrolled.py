@@ -20,9 +20,10 @@ own predictions, whose small errors it never learned to correct, and they grow s
   sample for any number of ranks, so 2 ranks x b train as 1 rank x 2b, as without noise.
 
 Lippe et al. 2023, "PDE-Refiner" (NeurIPS; arXiv:2308.05732) refines each prediction in several
-denoising steps: a different model, not built here. Which one the solution trains by default
-(input noise 0.1, one step) was chosen by a measurement: solutions/14_long_rollouts/compare.py,
-results/14_long_rollouts.json, exercises/14_long_rollouts/background.md.
+denoising steps: a different model, not built here. What the solution trains by default was
+chosen by a measurement and a rule written before it (solutions/14_long_rollouts/compare.py,
+results/14_long_rollouts.json, exercises/14_long_rollouts/background.md): no remedy passed, so the
+default is one step without noise, and each remedy is a flag.
 """
 from __future__ import annotations
 
