@@ -85,12 +85,20 @@ def test_a_gpu_ladder_renders_a_column_with_its_numbers_machine_and_commit(repo,
     # exercise 11: the GPU column beside the CPU's, step by step
     table = text.split("coursetools.results:efficiency_gpu_table -->\n")[1]
     assert table.startswith("| row | CPU samples/s | CPU MFU | GPU samples/s | GPU MFU |")
-    assert "| 07 baseline | 88 | 6.65% fp32 | not in this ladder |  |" in table
-    assert "| 08 no host syncs | 88 (1.01× 07) | 6.70% fp32 | 3,456 (1.47× 02) | 1.12% tf32 |" \
-        in table
+    # the CPU column: the committed results/efficiency_cpu/efficiency.json's rows, as measured
+    cpu = {r["row"]: r for r in json.loads((repo / "results/efficiency_cpu/efficiency.json")
+                                           .read_text())["data"]["rows"]}
+
+    def cpu_cells(name, versus=None):
+        r = cpu[name]
+        rate = f"{r['samples_per_s']:,.0f}" + (f" ({r['speedup']:.2f}× {versus})" if versus else "")
+        return f"| {name} | {rate} | {100 * r['mfu']:.2f}% {r['peak_precision']} |"
+
+    assert cpu_cells("07 baseline") + " not in this ladder |  |" in table
+    assert cpu_cells("08 no host syncs", "07") + " 3,456 (1.47× 02) | 1.12% tf32 |" in table
     assert "| 02 data pipeline | not in this ladder |  | 2,345 (1.90× fno.py) | 0.76% tf32 |" \
         in table
-    assert "| 11 torch.compile | 56 (0.64× 08) | 4.27% fp32 | skipped | - |" in table
+    assert cpu_cells("11 torch.compile", "08") + " skipped | - |" in table
     assert "GPU 11 torch.compile: skipped: timed out after 90 s." in table
     assert f"GPU column: {machine}, at commit abc1234;" in table
     assert "_GPU column measured by `python -m coursetools.day0 ladder" in table

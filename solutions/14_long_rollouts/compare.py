@@ -54,8 +54,8 @@ REPO = HERE.parent.parent
 SOLUTION, BASELINE = HERE / "fno.py", REPO / "fno.py"
 # name: (script, its flags). "fno.py" is today's baseline; "one-step" is solution 14 trained as
 # solution 13 trains (no noise, one step, one input frame): the reference of the rule; the others
-# are one change each from it. Solution 14's default is the rule's pick on results/14_long_rollouts.json:
-# no remedy passed it (one-step), so the remedies stay behind their flags.
+# are one change each from it. Solution 14's default is the rule's pick on
+# results/14_long_rollouts.json: no remedy passed it (one-step), so each remedy is a flag.
 VARIANTS = {
     "fno.py": (BASELINE, ()),
     "one-step": (SOLUTION, ("--input-noise", "0")),
