@@ -175,21 +175,37 @@ def call_main(module, *argv):
                 pytrace=False)
 
 
+def beside_modules(path: Path) -> dict[str, Path]:
+    """The modules a script imports from its own folder (solution 10's flop_count.py, 13's
+    domain_conv.py): top-level names that are a .py file beside it."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+    folder = Path(path).resolve().parent
+    return {name: folder / f"{name}.py" for name in sorted(names)
+            if "." not in name and (folder / f"{name}.py").is_file()}
+
+
 def import_script(path: Path):
-    """The script as a module, imported as `python path` runs it: with its folder first on
-    sys.path while it imports (solution 13 imports domain_conv.py from beside it)."""
+    """The script as a module, imported as `python path` runs it: the modules it imports from
+    beside itself (`python path` finds them in the script's folder) are the ones in its folder,
+    loaded by file first (each script its own: another folder may hold a module of the same
+    name), and stay in sys.modules as an import leaves them; sys.path is left as it is."""
     import importlib.util
 
+    for name, file in beside_modules(path).items():
+        beside_spec = importlib.util.spec_from_file_location(name, file)
+        sys.modules[name] = importlib.util.module_from_spec(beside_spec)
+        beside_spec.loader.exec_module(sys.modules[name])
     spec = importlib.util.spec_from_file_location(f"script_under_test_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # as an import does: a script's dataclasses look it up there
-    # As `python script.py` does, the script's folder comes first on sys.path while it is imported:
-    # solutions 10 and 13 import their task's module (flop_count.py, domain_conv.py) from beside them.
-    sys.path.insert(0, str(Path(path).resolve().parent))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(Path(path).resolve().parent))
+    spec.loader.exec_module(module)
     return module
 
 
