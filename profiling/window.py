@@ -15,22 +15,22 @@ from wellfno.cli import UserError
 from wellfno.launch import launch_environment
 
 
-def start(args, device, out):
-    """The started profiler of a --profile run and the trace it will write (None, None without)."""
+def start(device, out, enabled, wait, warmup, active, memory=False, with_stack=False):
+    """The started profiler of a --profile run and the trace it will write (None, None without):
+    `wait`, `warmup` and `active` steps (--profile-wait, -warmup, -active), memory and Python
+    stacks recorded if asked (--profile-memory, --with-stack), the trace written under `out`."""
     prof = trace = None
-    if args.profile:
+    if enabled:
         rank = launch_environment().rank  # torchrun's or srun's rank, 0 alone
         # the recorded steps are ProfilerStep#first..#last
-        first = args.profile_wait + args.profile_warmup
-        trace = out / f"trace_rank{rank}_steps{first}-{first + args.profile_active - 1}.json.gz"
+        first = wait + warmup
+        trace = out / f"trace_rank{rank}_steps{first}-{first + active - 1}.json.gz"
         # GPU kernels and copies (ROCm builds too) only on a GPU: a CPU run must not ask for CUDA.
         activities = [ProfilerActivity.CPU] + (
             [ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        prof = profile(activities=activities, profile_memory=args.profile_memory,
-                       with_stack=args.with_stack,
+        prof = profile(activities=activities, profile_memory=memory, with_stack=with_stack,
                        on_trace_ready=lambda p: traces.save(p, trace, rank),
-                       schedule=schedule(wait=args.profile_wait, warmup=args.profile_warmup,
-                                         active=args.profile_active, repeat=1))
+                       schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1))
         prof.start()
     return prof, trace
 
@@ -51,10 +51,10 @@ def finish(prof, trace, step, env, device):
     return
 
 
-def nvtx_ranges(args):
+def nvtx_ranges(enabled):
     """Solution 10's --nvtx: the record_function ranges as NVTX (NVIDIA) / ROCTx (AMD) ranges,
     entered here; the caller exits it after training (solutions 12 on call it here)."""
     # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch: ROCTx.
-    nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
+    nvtx = torch.autograd.profiler.emit_nvtx() if enabled else contextlib.nullcontext()
     nvtx.__enter__()
     return nvtx

@@ -20,8 +20,8 @@ from tests.conftest import REPO
 PROGRAMS = [(f"solutions/{step}/fno.py", "main", "barrier") for step in
             ("05_ddp", "06_exact_metrics")]
 PROGRAMS += [(f"solutions/{step}/fno.py", "main", "wait_for_all") for step in
-             ("07_failures", "08_host_syncs", "09_mixed_precision", "10_mfu", "11_compile")]
-PROGRAMS += [("wellfno/ranks.py", "run_on_every_rank", "wait_for_all")]
+             ("07_failures", "08_host_syncs", "09_mixed_precision", "10_mfu", "11_compile",
+              "12_checkpointing", "13_domain_parallel", "14_long_rollouts")]
 
 
 def called(statement) -> str | None:

@@ -162,10 +162,10 @@ def test_each_lesson_diff_is_its_idea(step):
 
 
 def test_the_count_finds_a_fold_and_an_unrelated_edit():
-    """Without its starting script, step 12's diff shows the folds of steps 07 and 10; an
+    """Without its starting script, step 12's diff shows the folds of step 10 and the rollout; an
     unrelated rename in an otherwise untouched solution shows as lines outside the idea."""
     before, after = (REPO / STEPS["11_compile"]).read_text(), (REPO / STEPS["12_checkpointing"]).read_text()
-    assert len(lines_outside_the_idea(before, after, IDEA_NAMES["12_checkpointing"])) > 20
+    assert len(lines_outside_the_idea(before, after, IDEA_NAMES["12_checkpointing"])) > 10
     renamed = after.replace("history", "epochs_so_far")
     assert after.count("history") >= 4
     outside = lines_outside_the_idea(after, renamed, IDEA_NAMES["12_checkpointing"])

@@ -48,8 +48,9 @@ def inline_loader_options(step: str):
     return run
 
 
-CASES = [pytest.param(lambda args, device: training.loader_options(args, device, None),
-                      id="loader_options")]
+CASES = [pytest.param(lambda args, device: training.loader_options(
+    device, None, args.num_workers, args.pin_memory, args.prefetch_factor, args.persistent_workers,
+    report_workers=args.report_workers), id="loader_options")]
 CASES += [pytest.param(step, id=step) for step in INLINE]
 
 

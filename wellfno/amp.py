@@ -102,10 +102,10 @@ def spectral_convs_in_float32(fno):
 
 
 
-def autocast_and_scaler(args, device):
+def autocast_and_scaler(amp, device):
     """Solution 09's GradScaler (fp16 only) and autocast context for `--amp` (a no-op for none)."""
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's small range
-    amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(args.amp)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")  # fp16's small range
+    amp_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16).get(amp)
     autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else \
         contextlib.nullcontext
     return scaler, autocast

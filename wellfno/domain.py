@@ -520,11 +520,11 @@ def evaluate_rollouts(
     return model_curve.tolist(), persist_curve.tolist(), example
 
 
-def evaluate_slab_rollouts(model, dataset_dir, args, device, grid: ProcessGrid, slab: Slab):
+def evaluate_slab_rollouts(model, dataset_dir, n_steps_input, device, grid: ProcessGrid, slab: Slab):
     """`evaluate_rollouts` of this rank's rows of the dataset's rollout trajectories (HDF5
     hyperslabs, wellfno.slabs.SlabRollouts), as many steps as the device's memory allows: every
     rank calls it; rank 0 gets the example (true, pred), the others None."""
-    rollout_data = SlabRollouts(dataset_dir, args.n_steps_input, rows=slab.rows,
+    rollout_data = SlabRollouts(dataset_dir, n_steps_input, rows=slab.rows,
                                 max_rollout_steps=memory.rollout_steps(model, device))
     return evaluate_rollouts(model, rollout_data, device, grid, slab)
 

@@ -301,14 +301,14 @@ def fast_datasets(dataset_dir: Path, n_steps_input: int = 1, splits=("train", "v
     return {split: FastWellDataset(dataset_dir, split, n_steps_input) for split in splits}
 
 
-def open_splits(args, dataset_dir):
+def open_splits(dataset_dir, n_steps_input, fast_reader):
     """The train and valid splits, with the_well's reader or this one (--fast-reader): step 02's
     statements (tests/test_drift.py checks it); the solutions call it from solution 07 on."""
     # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
     # DATASET/stats.yaml.
-    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
+    reader = FastWellDataset if fast_reader else WellDataset  # the same samples, bit for bit
     splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
-                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            n_steps_input=n_steps_input, use_normalization=True,
                             normalization_type=ZScoreNormalization, return_grid=False,
                             boundary_return_type=None) for split in ("train", "valid")}
     return splits

@@ -66,10 +66,10 @@ def check_arguments(args):
                             "(>= 1)")
 
 
-def check_modes(args, grid):
+def check_modes(modes, grid):
     """Solution 10's check of --modes against a frame's grid (solutions 12 on call it here)."""
-    if args.modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
-        raise UserError(f"--modes {args.modes} is more than the {'x'.join(map(str, grid))} grid "
+    if modes > min(grid):  # neuralop keeps modes/2 frequencies each side of 0; a grid has N/2
+        raise UserError(f"--modes {modes} is more than the {'x'.join(map(str, grid))} grid "
                         f"holds: use --modes {min(grid)} or fewer")
 
 

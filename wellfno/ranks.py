@@ -5,22 +5,16 @@ adds up its own loss sum and sample count, one all-reduce adds those up over the
 mean is taken last, so every sample counts once for any world size. Later solutions import that
 `validate` from here (tests/test_drift.py: the same syntax tree as solution 06's). The two
 other helpers do the same for the training row and name the samples a `drop_last` sampler leaves
-out. Two blocks earlier solutions taught, which later ones call here: solution 05's rank-0-first
-opening of the dataset, and solution 07's start of every rank (process group, watchdog).
+out. One block an earlier solution taught, which later ones call here: solution 05's rank-0-first
+opening of the dataset. (Every solution's `main` starts its ranks in its own lines: issue 42.)
 """
 from __future__ import annotations
-
-import datetime
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from wellfno import data
-from wellfno.cli import UserError
-from wellfno.device import check_gpu_not_shared, pick_backend, pick_device
-from wellfno.launch import launch_environment
-from wellfno.watchdog import Watchdog
 
 ROW_KEYS = ("train_loss", "samples", "seconds", "timed_samples", "timed_seconds")
 
@@ -70,41 +64,12 @@ def validate(model, loader, device):
     return (total[0] / total[1]).item()
 
 
-def open_dataset_rank_0_first(args, env):
+def open_dataset_rank_0_first(data_dir, dataset, download, env):
     """The dataset's folder and statistics, rank 0 first: it may generate or download the dataset
     the others then read. Step 05's statements (tests/test_drift.py); called from solution 07 on."""
     if env.rank > 0:
         dist.barrier()  # rank 0 first: it may generate or download the dataset the others then read
-    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
+    dataset_dir, dataset_stats = data.open_dataset(data_dir, dataset, download)
     if env.rank == 0 and env.is_distributed:
         dist.barrier()
     return dataset_dir, dataset_stats
-
-
-def run_on_every_rank(args, train):
-    """Solution 07's `main` after parse_args: this rank's backend and device, the process group,
-    `train(args, env, backend, device)` under the watchdog, then every rank waits for the others
-    before the group is destroyed (exercises/05_ddp/background.md). Step 07's statements
-    (tests/test_drift.py); called from solution 12 on."""
-    env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
-    device = pick_device(args.device)
-    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
-                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
-    if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
-        raise UserError(f"--backend {backend} and --device {args.device} do not go together")
-    if not env.is_distributed:
-        return train(args, env, None, device)
-    env.export_rendezvous()  # MASTER_ADDR/PORT: from torchrun, or from the allocation under srun
-    try:
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
-                                device_id=device if device.type == "cuda" else None)
-    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
-        raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
-    check_gpu_not_shared(device)  # two ranks on one physical GPU: one line naming both
-    try:
-        with Watchdog(env.rank, env.world_size) as watchdog:  # one failed rank ends all, in seconds
-            train(args, env, backend, device)
-            watchdog.wait_for_all()  # 05's barrier, without --timeout's limit: rank 0 rolls out
-    finally:
-        dist.destroy_process_group()

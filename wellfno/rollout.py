@@ -108,11 +108,11 @@ def _rollout_trajectory(model, dataset, i: int, device, max_steps: int | None):
     return inputs, true, rollout(model, inputs, true.shape[1], constants)
 
 
-def evaluate_on_dataset(model, dataset_dir, args, device):
+def evaluate_on_dataset(model, dataset_dir, n_steps_input, device):
     """The model's and persistence's VRMSE curves on the dataset's rollout trajectories, and the
     example (true, pred) to plot: fno.py's statements (tests/test_drift.py checks it), called by
     the solutions from solution 12 on."""
-    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
+    rollout_data = data.rollout_dataset(dataset_dir, n_steps_input,
                                         max_rollout_steps=memory.rollout_steps(model, device))
     model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
     return model_vrmse, persistence_vrmse, (true, pred)

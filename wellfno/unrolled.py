@@ -54,7 +54,8 @@ def check_arguments(args, dataset_dir) -> None:
                         f"--rollout-steps {max(frames - args.n_steps_input, 1)}")
 
 
-def training_split(args, dataset_dir, rows: slice | None = None):
+def training_split(dataset_dir, n_steps_input: int, rollout_steps: int, fast_reader: bool,
+                   rows: slice | None = None):
     """The train split in windows of n_steps_input + K frames: K targets per sample. The reader
     the run uses for its other splits (wellfno.fastwell.open_splits): the_well's, --fast-reader's,
     or, with `rows` (--domain-size), the slab reader of wellfno.slabs."""
@@ -64,10 +65,10 @@ def training_split(args, dataset_dir, rows: slice | None = None):
     from wellfno.fastwell import FastWellDataset
     from wellfno.slabs import SlabWellDataset
 
-    steps = dict(n_steps_input=args.n_steps_input, n_steps_output=args.rollout_steps)
+    steps = dict(n_steps_input=n_steps_input, n_steps_output=rollout_steps)
     if rows is not None:
         return SlabWellDataset(dataset_dir, "train", rows=rows, **steps)
-    reader = FastWellDataset if args.fast_reader else WellDataset
+    reader = FastWellDataset if fast_reader else WellDataset
     return reader(path=str(dataset_dir), well_split_name="train", use_normalization=True,
                   normalization_type=ZScoreNormalization, return_grid=False,
                   boundary_return_type=None, **steps)

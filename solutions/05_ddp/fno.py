@@ -205,7 +205,9 @@ def train(args, env, backend, device):
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
-    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
+    prof, trace = window.start(  # step 01's profiler (profiling.window)
+        device, out, args.profile, wait=args.profile_wait, warmup=args.profile_warmup,
+        active=args.profile_active, memory=args.profile_memory, with_stack=args.with_stack)
 
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:

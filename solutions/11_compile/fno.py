@@ -172,15 +172,16 @@ def train(args, env, backend, device):
     if args.nvtx and device.type != "cuda":
         raise UserError("--nvtx marks ranges for Nsight Systems / rocprofv3 on a GPU; on the CPU "
                         "use --profile")
-    cpus, device = training.bind(args, device)  # step 03's pinning (affinity.training)
+    cpus, device = training.bind(args.bind, device)  # step 03's pinning (affinity.training)
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
     if args.eval_only and not checkpoint.is_file():
         raise UserError(f"--eval-only evaluates {checkpoint}, which does not exist: train first, "
                         f"or point --out at the folder of a trained run")
-    dataset_dir, dataset_stats = ranks.open_dataset_rank_0_first(args, env)  # step 05's
+    dataset_dir, dataset_stats = ranks.open_dataset_rank_0_first(  # step 05's (wellfno.ranks)
+        args.data_dir, args.dataset, args.download, env)
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    splits = fastwell.open_splits(args, dataset_dir)  # step 02's readers (wellfno.fastwell)
+    splits = fastwell.open_splits(dataset_dir, args.n_steps_input, args.fast_reader)  # step 02's
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
@@ -192,7 +193,9 @@ def train(args, env, backend, device):
                         f"holds: use --modes {min(grid)} or fewer")
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
-    loader_options = training.loader_options(args, device, cpus)  # steps 02 and 03's
+    loader_options = training.loader_options(  # steps 02 and 03's (affinity.training)
+        device, cpus, args.num_workers, args.pin_memory, args.prefetch_factor,
+        args.persistent_workers, report_workers=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
@@ -216,7 +219,7 @@ def train(args, env, backend, device):
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scaler, autocast = amp.autocast_and_scaler(args, device)  # step 09's (wellfno.amp)
+    scaler, autocast = amp.autocast_and_scaler(args.amp, device)  # step 09's (wellfno.amp)
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
@@ -248,7 +251,9 @@ def train(args, env, backend, device):
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
-    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
+    prof, trace = window.start(  # step 01's profiler (profiling.window)
+        device, out, args.profile, wait=args.profile_wait, warmup=args.profile_warmup,
+        active=args.profile_active, memory=args.profile_memory, with_stack=args.with_stack)
     # emit_nvtx turns every record_function range (and op) into an NVTX range; ROCm torch: ROCTx.
     nvtx = torch.autograd.profiler.emit_nvtx() if args.nvtx else contextlib.nullcontext()
     nvtx.__enter__()

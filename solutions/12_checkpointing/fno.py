@@ -8,10 +8,12 @@ With any number of ranks; --eval-only writes OUT/eval.json and OUT/rollout.png.
 OUT/metrics.json holds the peak memory, FLOPs per sample, FLOP/s and MFU too.
 """
 import argparse
+import datetime
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
@@ -24,11 +26,13 @@ from wellfno import amp, data, fastwell, flops, memory, options, ranks, rollout
 from wellfno.amp import check_amp, spectral_convs_in_float32
 from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
                          load_checkpoint, run_main)
-from wellfno.device import synchronize
+from wellfno.device import check_gpu_not_shared, pick_backend, pick_device, synchronize
+from wellfno.launch import launch_environment
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.progress import progress_bar
 from wellfno.ranks import over_ranks, samples_left_out, validate
 from wellfno.toolchain import check_compiler
+from wellfno.watchdog import Watchdog
 
 
 def parse_args(argv=None):
@@ -150,8 +154,29 @@ def checkpoint_blocks(fno):
 
 def main(argv=None):
     args = parse_args(argv)
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP copies rank 0's)
-    ranks.run_on_every_rank(args, train)  # step 07's process group and watchdog (wellfno.ranks)
+    torch.manual_seed(args.seed)
+    env = launch_environment()  # rank, world size, local rank from torchrun or srun; none: 1 rank
+    device = pick_device(args.device)
+    backend, device = pick_backend(args.backend, env.local_rank, env.local_world_size,  # nccl: GPU
+                                   device.type == "cuda", env.step_gpus, env.launcher)  # gloo: CPU
+    if args.device != "auto" and device.type != args.device:  # nccl runs on GPUs, gloo here on CPUs
+        raise UserError(f"--backend {backend} and --device {args.device} do not go together")
+    if not env.is_distributed:
+        return train(args, env, None, device)
+    env.export_rendezvous()  # MASTER_ADDR/PORT: from torchrun, or from the allocation under srun
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
+                                device_id=device if device.type == "cuda" else None)
+    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived
+        raise UserError(f"rank {env.rank} cannot join the other ranks ({err.__class__.__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    check_gpu_not_shared(device)  # two ranks on one physical GPU: one line naming both
+    try:
+        with Watchdog(env.rank, env.world_size) as watchdog:  # one failed rank ends all, in seconds
+            train(args, env, backend, device)
+            watchdog.wait_for_all()  # 05's barrier, without --timeout's limit: rank 0 rolls out
+    finally:
+        dist.destroy_process_group()
 
 
 def train(args, env, backend, device):
@@ -162,25 +187,28 @@ def train(args, env, backend, device):
     if args.nvtx and device.type != "cuda":
         raise UserError("--nvtx marks ranges for Nsight Systems / rocprofv3 on a GPU; on the CPU "
                         "use --profile")
-    cpus, device = training.bind(args, device)  # step 03's pinning (affinity.training)
+    cpus, device = training.bind(args.bind, device)  # step 03's pinning (affinity.training)
     out = Path(args.out)
     checkpoint = out / "checkpoint.pt"
     if args.eval_only and not checkpoint.is_file():
         raise UserError(f"--eval-only evaluates {checkpoint}, which does not exist: train first, "
                         f"or point --out at the folder of a trained run")
-    dataset_dir, dataset_stats = ranks.open_dataset_rank_0_first(args, env)  # step 05's
+    dataset_dir, dataset_stats = ranks.open_dataset_rank_0_first(  # step 05's (wellfno.ranks)
+        args.data_dir, args.dataset, args.download, env)
     data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
-    splits = fastwell.open_splits(args, dataset_dir)  # step 02's readers (wellfno.fastwell)
+    splits = fastwell.open_splits(dataset_dir, args.n_steps_input, args.fast_reader)  # step 02's
     for split in ("train", "valid"):
         if len(splits[split]) < env.world_size:
             raise UserError(f"the {split} split of {dataset_dir.name} has {len(splits[split])} "
                             f"samples, fewer than the {env.world_size} ranks: start at most "
                             f"{len(splits[split])}")
     grid = tuple(splits["train"].metadata.spatial_resolution)  # a frame's sizes (no sample read)
-    options.check_modes(args, grid)  # step 10's check of --modes (wellfno.options)
+    options.check_modes(args.modes, grid)  # step 10's check of --modes (wellfno.options)
     fields = data.channel_names(splits["train"])
     stats = channel_stats(dataset_stats, splits["train"].core_field_names)
-    loader_options = training.loader_options(args, device, cpus)  # steps 02 and 03's
+    loader_options = training.loader_options(  # steps 02 and 03's (affinity.training)
+        device, cpus, args.num_workers, args.pin_memory, args.prefetch_factor,
+        args.persistent_workers, report_workers=args.report_workers)
     # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
     # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
     # The sampler: every world_size-th sample of one shuffle (seed + epoch) to each rank, padded
@@ -207,7 +235,7 @@ def train(args, env, backend, device):
     model = model.to(device)
     spectral_convs_in_float32(model.fno)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scaler, autocast = amp.autocast_and_scaler(args, device)  # step 09's (wellfno.amp)
+    scaler, autocast = amp.autocast_and_scaler(args.amp, device)  # step 09's (wellfno.amp)
     # FLOPs of a training step on this input (forward + backward), counted once: shapes only matter
     example = torch.zeros(args.batch_size, model.in_channels, *grid, device=device)
     counted = flops.training_flops_per_sample(model, example, example[:, :len(fields)], model.loss)
@@ -239,8 +267,10 @@ def train(args, env, backend, device):
     log(f"global batch {global_batch} = {env.world_size} rank(s) x --batch-size {args.batch_size}; "
         f"learning rate {args.lr} as given (not scaled with the number of ranks)")
 
-    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
-    nvtx = window.nvtx_ranges(args)  # step 10's NVTX ranges (profiling.window)
+    prof, trace = window.start(  # step 01's profiler (profiling.window)
+        device, out, args.profile, wait=args.profile_wait, warmup=args.profile_warmup,
+        active=args.profile_active, memory=args.profile_memory, with_stack=args.with_stack)
+    nvtx = window.nvtx_ranges(args.nvtx)  # step 10's NVTX ranges (profiling.window)
     for epoch in range(first_epoch, first_epoch if args.eval_only else args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
             break
@@ -279,8 +309,8 @@ def train(args, env, backend, device):
     if env.rank > 0:
         return  # rank 0 alone rolls out and writes
 
-    model_vrmse, persistence_vrmse, (true, pred) = rollout.evaluate_on_dataset(model, dataset_dir,
-                                                                               args, device)
+    model_vrmse, persistence_vrmse, (true, pred) = rollout.evaluate_on_dataset(
+        model, dataset_dir, args.n_steps_input, device)
     rollout.print_and_plot(true, pred, model_vrmse, persistence_vrmse, fields, stats, out)
     if args.eval_only:
         atomic_write_json(out / "eval.json", dict(valid_loss=valid_loss, rollout_vrmse=model_vrmse,
