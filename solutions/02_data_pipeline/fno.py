@@ -70,6 +70,7 @@ def parse_args(argv=None):
         print("note: --prefetch-factor and --persistent-workers act on worker processes: ignored "
               "with --num-workers 0")
     # wait out the first steps: they pay one-time costs (allocator, FFT plans, loader start)
+    args.profile_wait = 0  # without --profile there is no window to wait for
     if args.profile:
         args.max_steps = args.max_steps or 12
         args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active
