@@ -14,13 +14,13 @@ Scripts (run from the repository root): affinity/discover.py, affinity/plan.py,
 affinity/report.py, affinity/benchmark.py.
 """
 from affinity.discover import Gpu, Topology, discover, format_cpulist, parse_cpulist, visible_gpu_pci
-from affinity.plan import MODES, Assignment, device_index_for, make_plan
+from affinity.plan import MODES, Assignment, RankBinding, device_index_for, make_plan, plan_this_rank
 from affinity.placement import WorkerReport, report_line
-from affinity.bind import RankBinding, bind_this_rank, plan_this_rank, worker_init_fn
+from affinity.bind import bind_this_rank, worker_init_fn
 
 __all__ = [
     "Gpu", "Topology", "discover", "format_cpulist", "parse_cpulist", "visible_gpu_pci",
-    "MODES", "Assignment", "device_index_for", "make_plan",
+    "MODES", "Assignment", "RankBinding", "device_index_for", "make_plan", "plan_this_rank",
     "WorkerReport", "report_line",
-    "RankBinding", "bind_this_rank", "plan_this_rank", "worker_init_fn",
+    "bind_this_rank", "worker_init_fn",
 ]

@@ -89,3 +89,16 @@ class WorkerReport:
         # One write per line: workers share the pipe, and print() may split text and newline.
         sys.stdout.write(report_line(worker_id=worker_id, sysfs=self.sysfs, gpu=self.gpu) + "\n")
         sys.stdout.flush()
+
+
+class ReportThen:
+    """worker_init_fn(report=True) with a then= of the caller's: the report, then theirs, in that
+    order (a class: it pickles)."""
+
+    def __init__(self, report: WorkerReport, after=None):
+        self.report, self.after = report, after
+
+    def __call__(self, worker_id: int) -> None:
+        self.report(worker_id)
+        if self.after is not None:
+            self.after(worker_id)

@@ -13,17 +13,33 @@ Modes (the same names and rules as `torchrun --numa-binding`, torch/numa/binding
                 allowed CPUs first, then by lowest CPU; GPU k on a node gets group k mod #groups.
 Without GPUs (or with --no-gpus) ranks are spread over the NUMA nodes in blocks and get the
 same per-node rule, so `exclusive` gives disjoint core sets per local rank.
+
+Which CPUs a rank gets (plan_this_rank), for every way Slurm hands out GPUs:
+- The rank's GPU is a physical GPU of the node: the PCI address of the torch device it drives
+  (affinity.discover.visible_gpu_pci), looked up in the node's GPU list from sysfs.
+- The ranks whose GPUs share a NUMA node split that node's allowed cores (no overlap):
+    all GPUs visible to every rank (--gpus-per-node, torchrun): the GPUs the node's local ranks drive;
+    one GPU per rank (--gpus-per-task=1): a rank cannot see the others' GPUs, so every GPU of its
+    NUMA node counts as taken (the others may be driven by this job's other ranks);
+    srun bound each task to its own CPUs already (srun's default --cpu-bind; SLURM_CPU_BIND_TYPE is
+    not 'none'), e.g. with --gpu-bind=closest: the rank keeps its CPUs on its GPU's NUMA node.
+- The job's CPUs are not on the GPU's NUMA node: no error (that would end the job, and Slurm's
+  afterok would cancel the next ones); the rank keeps CPUs of its own (a CPU-only share of the
+  allowed CPUs), prints a one-line warning, and its report says match=NO.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
+from typing import Mapping
 
 
 from affinity.discover import Gpu, Topology, discover, format_cpulist, parse_allowed_arg, parse_cpulist
 from wellfno.cli import UserError, run_main
+from wellfno.launch import LaunchEnv
 
 MODES = ("exclusive", "node", "core-complex")
 FORMATS = ("table", "json", "slurm", "numactl")
@@ -141,6 +157,76 @@ def make_plan(topo: Topology, mode: str = "exclusive", nranks: int | None = None
             plan.append(Assignment(rank, None, node, frozenset(_slot_cpus(topo, node, position, count, mode))))
             rank += 1
     return plan
+
+
+@dataclass(frozen=True)
+class RankBinding:
+    cpus: frozenset[int]          # where the rank will run
+    device_index: int | None      # torch cuda index it drives; None on the CPU
+    gpu: Gpu | None               # that GPU in the node's list; None: CPU, or its PCI address unknown
+    warning: str | None = None    # one line, when the rank could not be placed next to its GPU
+
+
+def cpus_bound_by_launcher(launch: LaunchEnv, env: Mapping[str, str] | None = None) -> bool:
+    """True when srun pinned this task to CPUs of its own. srun exports the binding it applied:
+    SLURM_CPU_BIND_TYPE='mask_cpu:' for its default (cores) binding, 'none' for --cpu-bind=none
+    (checked on the CI cluster: `srun -n2 env | grep CPU_BIND`). Under torchrun every worker
+    inherits the same mask, so it is never a per-rank binding."""
+    env = os.environ if env is None else env
+    bind_type = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    return launch.launcher == "srun" and bind_type not in ("", "none")
+
+
+def _cpu_share(topo: Topology, mode: str, launch: LaunchEnv, bound: bool) -> tuple[set[int], str | None]:
+    """A CPU-only rank's CPUs: its disjoint share of the allowed CPUs, or all of them when the
+    launcher already gave it its own (or there are fewer cores than ranks)."""
+    allowed = set(topo.allowed)
+    if bound:
+        return allowed, None
+    nranks = max(launch.local_world_size or 1, launch.local_rank + 1)
+    try:
+        return set(make_plan(topo, mode, nranks=nranks, use_gpus=False)[launch.local_rank].cpus), None
+    except UserError:
+        # Fewer cores than local ranks: an oversubscribed node. Keep them rather than fail.
+        return allowed, (f"{len(allowed)} allowed CPU(s) cannot be split among {nranks} local ranks; "
+                         f"keeping {format_cpulist(allowed)}")
+
+
+def plan_this_rank(topo: Topology, mode: str, launch: LaunchEnv, visible_pci: list[str | None],
+                   bound_by_launcher: bool = False) -> RankBinding:
+    """Where this rank should run (pure: the rules in the module docstring, "Which CPUs a rank gets").
+
+    `visible_pci`: PCI address of each GPU torch sees (index order; empty on the CPU)."""
+    n = len(visible_pci)
+    if n == 0:
+        cpus, warning = _cpu_share(topo, mode, launch, bound_by_launcher)
+        return RankBinding(frozenset(cpus), None, None, warning)
+    index = device_index_for(launch.local_rank, launch.local_world_size, n, launch.step_gpus, launch.launcher)
+    by_pci = {g.pci: g for g in topo.gpus}
+    gpu = by_pci.get(visible_pci[index] or "")
+    if gpu is None:
+        # A container or VM can hide the PCI tree; keep the allowed CPUs rather than guess.
+        return RankBinding(frozenset(topo.allowed), index, None,
+                           f"GPU {index} (PCI {visible_pci[index] or 'unknown'}) not found under {topo.root}/bus/pci; "
+                           f"CPUs left at {format_cpulist(topo.allowed)}")
+    if bound_by_launcher:
+        sharing = [gpu]
+    elif n > 1:
+        ranks = range(launch.local_world_size or n)
+        driven = sorted({device_index_for(r, launch.local_world_size, n, launch.step_gpus, launch.launcher) for r in ranks} | {index})
+        sharing = [by_pci[visible_pci[i]] for i in driven if visible_pci[i] in by_pci]
+    elif launch.local_world_size == 1:
+        sharing = [gpu]
+    else:
+        sharing = topo.gpus_on(gpu.numa)
+    try:
+        return RankBinding(frozenset(gpu_cpus(topo, mode, gpu, sharing)), index, gpu)
+    except UserError as err:
+        cpus, _ = _cpu_share(topo, mode, launch, bound_by_launcher)
+        return RankBinding(frozenset(cpus), index, gpu,
+                           f"GPU {gpu.index} ({gpu.pci}) is on NUMA node {gpu.numa}, but this rank cannot run there "
+                           f"({err}); using CPUs {format_cpulist(cpus)} (match=NO): ask Slurm for CPUs next to "
+                           "the GPUs (--cpus-per-gpu, --gpu-bind=closest)")
 
 
 def cpu_mask(cpus) -> str:

@@ -176,8 +176,8 @@ def call_main(module, *argv):
 
 
 def beside_modules(path: Path) -> dict[str, Path]:
-    """The modules a script imports from its own folder (solution 10's flop_count.py, 13's
-    domain_conv.py): top-level names that are a .py file beside it."""
+    """The modules a script imports from its own folder (solution 03's binding.py, 10's
+    flop_count.py, 13's domain_conv.py): top-level names that are a .py file beside it."""
     import ast
 
     names = set()

@@ -67,8 +67,9 @@ PARTICIPANT = {
                     "09_mixed_precision", "10_mfu", "11_compile", "12_checkpointing",
                     "13_domain_parallel", "14_long_rollouts")},
 }
-# modules a finished file imports from beside it, which go beside it too (solution 10's FLOP count,
-# flop_count.py; solution 13's spectral convolution, domain_conv.py: tests/test_taught_modules.py)
+# modules a finished file imports from beside it, which go beside it too (solution 03's binding,
+# binding.py; solution 10's FLOP count, flop_count.py; solution 13's spectral convolution,
+# domain_conv.py: tests/test_taught_modules.py)
 BESIDE = {step: tuple(path for path, (_, taught_in, *_) in TAUGHT.items() if taught_in == step)
           for step in {taught_in for _, taught_in, *_ in TAUGHT.values()}}
 EXERCISES = list(PARTICIPANT)

@@ -550,5 +550,6 @@ def test_every_targets_code_is_found():
     assert "solutions/13_domain_parallel/fno.py" in code["runtimes"]
     # and the module it imports from beside it (sys.path[0] when it runs), not a package's
     assert "solutions/13_domain_parallel/domain_conv.py" in code["runtimes"]
+    assert "solutions/03_affinity/binding.py" in code["compare_scripts"]  # solution 03 runs it
     assert "solutions/05_ddp/fno.py" in code["05_ddp_scaling"]
     assert all((REPO / f).is_file() for files in code.values() for f in files)

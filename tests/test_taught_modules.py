@@ -21,6 +21,13 @@ from tests.conftest import REPO, STEPS, steps_from
 # taught module -> (the package module holding the copy, the step that teaches it, the line its
 # solution imports it with, {later step: the call it uses instead})
 TAUGHT = {
+    "solutions/03_affinity/binding.py": (
+        "affinity.bind", "03_affinity", "from binding import bind_this_rank, worker_init_fn",
+        {"05_ddp": "bind_this_rank(", "06_exact_metrics": "bind_this_rank(",
+         # step 03's whole set-up, the binding's call included (affinity.training.bind)
+         **{step: "training.bind(" for step in (
+             "07_failures", "08_host_syncs", "09_mixed_precision", "10_mfu", "11_compile",
+             "12_checkpointing", "13_domain_parallel", "14_long_rollouts")}}),
     "solutions/10_mfu/flop_count.py": (
         "wellfno.flops", "10_mfu", "from flop_count import training_flops_per_sample",
         {"11_compile": "flops.training_flops_per_sample(",

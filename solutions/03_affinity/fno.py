@@ -14,7 +14,6 @@ from the_well.data.normalization import ZScoreNormalization
 from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
-from affinity.bind import bind_this_rank, worker_init_fn
 from affinity.report import report_line
 from profiling import summarize, timeline, traces, window
 
@@ -26,6 +25,8 @@ from wellfno.fastwell import FastWellDataset
 from wellfno.model import NextFrameFNO, channel_stats
 from wellfno.progress import progress_bar
 from wellfno.rollout import evaluate_rollouts
+
+from binding import bind_this_rank, worker_init_fn  # task 3, beside this script
 
 
 def parse_args(argv=None):

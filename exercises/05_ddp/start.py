@@ -1,0 +1,229 @@
+"""Exercise 05's start: solution 03 with its binding (binding.py) from the package, affinity.bind.
+
+    srun -n 4 --gpus-per-node=4 python exercises/05_ddp/start.py --num-workers 4 --bind exclusive
+
+Writes OUT/metrics.json, OUT/rollout.png and OUT/checkpoint.pt (`--resume` continues from it).
+"""
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from the_well.data import WellDataset
+from the_well.data.normalization import ZScoreNormalization
+from torch.profiler import record_function
+from torch.utils.data import DataLoader
+
+from affinity.bind import bind_this_rank, worker_init_fn
+from affinity.report import report_line
+from profiling import summarize, timeline, traces, window
+
+from wellfno import data, memory, options, plots
+from wellfno.cli import (UserError, atomic_torch_save, atomic_write_json, check_output_dir,
+                         load_checkpoint, run_main)
+from wellfno.device import pick_device
+from wellfno.fastwell import FastWellDataset
+from wellfno.model import NextFrameFNO, channel_stats
+from wellfno.progress import progress_bar
+from wellfno.rollout import evaluate_rollouts
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    options.add_arguments(p)  # fno.py's, 01's and 02's options (wellfno.options)
+    p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],
+                   default="exclusive", help="pin this rank and its workers to cores near its GPU "
+                   "(affinity/plan.py explains the modes)")
+    p.add_argument("--report-workers", action="store_true",
+                   help="each DataLoader worker prints where it runs")
+    args = p.parse_args(argv)
+    options.check_arguments(args)  # 02's loader options, 01's --profile window
+    for name in ("epochs", "batch_size", "n_steps_input", "width", "modes"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_steps < 0 or not 0 < args.lr < float("inf") or not 0 <= args.seed < 2**63:
+        raise UserError("--max-steps must be 0 or more, --lr a positive number, --seed from 0 to "
+                        "2**63-1")
+    check_output_dir(args.out)
+    return args
+
+
+WARMUP_STEPS = 1  # untimed: the first step pays one-time costs (FFT plans, allocator, loader start)
+
+
+def train_one_epoch(model, loader, optimizer, device, epoch, max_steps=None, untimed_steps=0,
+                    prof=None):
+    """One pass over `loader`, or `max_steps` steps; returns this epoch's row of the history.
+
+    The first `untimed_steps` steps are trained but not timed (timed_samples, timed_seconds).
+    """
+    model.train()
+    total_loss, samples, steps, timed_samples = 0.0, 0, 0, 0
+    start = timed_from = time.perf_counter()
+    bar = progress_bar(loader, f"epoch {epoch}")
+    batches = iter(bar)
+    while True:
+        with record_function("data_wait"):  # the DataLoader reading and collating the next batch
+            batch = next(batches, None)
+        if batch is None:
+            break
+        with record_function("h2d_copy"):
+            x, y = data.batch_to_model(batch, device, non_blocking=True)
+        with record_function("forward"):
+            loss = model.loss(model(x), y)
+        with record_function("backward"):
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with record_function("optimizer"):
+            optimizer.step()
+        # One read-back per step (on a GPU it waits for the step to finish), reused for the sum and
+        # the progress bar. Exercise 08 removes even this one.
+        loss_value = loss.item()
+        total_loss += loss_value * len(x)
+        samples, steps = samples + len(x), steps + 1
+        if steps <= untimed_steps:
+            timed_from = time.perf_counter()
+        else:
+            timed_samples += len(x)
+        bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+        if prof is not None:
+            prof.step()  # closes ProfilerStep#N and moves the schedule on
+        if steps == max_steps:
+            break
+    bar.close()
+    end = time.perf_counter()
+    return dict(epoch=epoch, train_loss=total_loss / samples, samples=samples, steps=steps,
+                seconds=end - start,
+                timed_samples=timed_samples, timed_seconds=end - timed_from)
+
+
+@torch.no_grad()
+def validate(model, loader, device):
+    model.eval()
+    total, n = 0.0, 0
+    for batch in loader:
+        x, y = data.batch_to_model(batch, device, non_blocking=True)
+        total += model.loss(model(x), y).item() * len(x)
+        n += len(x)
+    return total / n
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    cpus = None
+    if args.bind != "none":  # before any worker starts: workers inherit the rank's CPUs
+        cpus, rank_device = bind_this_rank(args.bind)  # local rank from LOCAL_RANK or SLURM_LOCALID
+        device = rank_device if rank_device.type == device.type else device  # cuda:<its GPU>
+    print(report_line(device=device), flush=True)  # host, rank, CPUs, NUMA, GPU: do they match?
+    out = Path(args.out)
+    dataset_dir, dataset_stats = data.open_dataset(args.data_dir, args.dataset, args.download)
+    data.check_input_steps(dataset_dir, args.n_steps_input, ("train", "valid"))
+    # the_well's reader: n_steps_input frames in, the next frame out, z-scored with
+    # DATASET/stats.yaml.
+    reader = FastWellDataset if args.fast_reader else WellDataset  # the same samples, bit for bit
+    splits = {split: reader(path=str(dataset_dir), well_split_name=split, n_steps_output=1,
+                            n_steps_input=args.n_steps_input, use_normalization=True,
+                            normalization_type=ZScoreNormalization, return_grid=False,
+                            boundary_return_type=None) for split in ("train", "valid")}
+    fields = data.channel_names(splits["train"])
+    stats = channel_stats(dataset_stats, splits["train"].core_field_names)
+    # pin by default on a GPU (--no-pin-memory: off); on a CPU torch would warn and pin nothing
+    if args.pin_memory and device.type != "cuda":
+        print(f"note: --pin-memory ignored on {device}: there is no copy to a GPU to speed up")
+    loader_options = dict(num_workers=args.num_workers,
+                          pin_memory=args.pin_memory is not False and device.type == "cuda")
+    if args.num_workers:  # DataLoader refuses these without workers
+        loader_options.update(prefetch_factor=args.prefetch_factor,
+                              persistent_workers=args.persistent_workers)
+        if cpus:  # each worker on its own slice of the rank's cores, not all on one
+            loader_options["worker_init_fn"] = worker_init_fn(cpus, report=args.report_workers)
+    # The generator fixes the shuffle and each worker's seed (torch seeds torch, random and numpy in
+    # worker i with base_seed + i, base_seed drawn from it): the same batches, any --num-workers.
+    train_loader = DataLoader(splits["train"], batch_size=args.batch_size, shuffle=True,
+                              generator=torch.Generator().manual_seed(args.seed), **loader_options)
+    valid_loader = DataLoader(splits["valid"], batch_size=args.batch_size,
+                              generator=torch.Generator().manual_seed(args.seed), **loader_options)
+
+    # One Fourier mode count per spatial axis (2-D or 3-D), and the dataset's constant fields as
+    # inputs.
+    model = NextFrameFNO.for_dataset(splits["train"], args.n_steps_input, stats, width=args.width,
+                                     modes=args.modes)
+    print(memory.check_step_fits(model, args.batch_size, device))  # stops here if a step cannot fit
+    model = model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    first_epoch, step, history = 1, 0, []
+    checkpoint = out / "checkpoint.pt"
+    if args.resume and checkpoint.exists():
+        state = load_checkpoint(checkpoint, map_location=device)
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+        except (KeyError, RuntimeError, ValueError):
+            raise UserError(f"{checkpoint} was trained with other settings: use another --out or "
+                            "drop --resume")
+        print(f"Resuming from {checkpoint} after epoch {state['epoch']}")
+    print(f"Training on {device}: {len(splits['train'])} samples of {dataset_dir.name}, fields "
+          f"{fields}, "
+          f"{sum(p.numel() for p in model.parameters()):,} parameters")
+
+    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
+
+    for epoch in range(first_epoch, args.epochs + 1):
+        if args.max_steps and step >= args.max_steps:
+            break
+        row = train_one_epoch(model, train_loader, optimizer, device, epoch,
+                              max_steps=args.max_steps - step if args.max_steps else None,
+                              untimed_steps=WARMUP_STEPS if epoch == first_epoch else 0, prof=prof)
+        step += row["steps"]
+        if prof and step >= args.max_steps:
+            break  # the profiled window is over: no validation, no checkpoint
+        row["valid_loss"] = validate(model, valid_loader, device)
+        history.append(row)
+        print(f"epoch {epoch}/{args.epochs}  train_loss {row['train_loss']:.4f}  valid_loss "
+              f"{row['valid_loss']:.4f}  "
+              f"{row['samples'] / row['seconds']:.0f} samples/s")
+        atomic_torch_save(checkpoint, dict(model=model.state_dict(),
+                                           optimizer=optimizer.state_dict(),
+                                           epoch=epoch, step=step, history=history))
+    if prof:
+        prof.stop()
+        if not trace.exists():
+            raise UserError(f"the run ended after {step} steps, before the profiled window: raise "
+                            "--epochs")
+        sort_by = traces.key_averages_sort_key(device)  # the key differs between torch versions
+        print(prof.key_averages().table(sort_by=sort_by, row_limit=15))
+        loaded = summarize.print_summary(trace)
+        print(f"Wrote {trace} (open it in https://ui.perfetto.dev) and "
+              f"{timeline.draw(trace, trace=loaded)}")
+        return
+    if not history:
+        raise UserError("nothing was trained: raise --epochs or --max-steps, or drop --resume")
+
+    rollout_data = data.rollout_dataset(dataset_dir, args.n_steps_input,
+                                        max_rollout_steps=memory.rollout_steps(model, device))
+    model_vrmse, persistence_vrmse, (true, pred) = evaluate_rollouts(model, rollout_data, device)
+    for k in range(min(5, len(model_vrmse))):
+        print(f"rollout step {k + 1}: VRMSE model {model_vrmse[k]:.4f}  persistence "
+              f"{persistence_vrmse[k]:.4f}")
+    plots.rollout_figure(true, pred, fields, out / "rollout.png", mean=stats["mean"],
+                         std=stats["std"],
+                         model_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse)
+    samples, seconds = (sum(h[key] for h in history) for key in ("timed_samples", "timed_seconds"))
+    excludes = (f"the first {WARMUP_STEPS} step(s) of this run (start-up: FFT plans, allocator, "
+                "loader start)")
+    if not samples:  # a run too short to leave the start-up out
+        samples, seconds = sum(h["samples"] for h in history), sum(h["seconds"] for h in history)
+        excludes = "nothing"
+    atomic_write_json(out / "metrics.json", dict(
+        samples_per_second=samples / seconds, samples_per_second_excludes=excludes,
+        train_loss=history[-1]["train_loss"], valid_loss=history[-1]["valid_loss"],
+        rollout_vrmse=model_vrmse, persistence_vrmse=persistence_vrmse, device=str(device),
+        dataset=str(dataset_dir), history=history, config=vars(args)))
+    print(f"Wrote {out / 'metrics.json'}, {out / 'rollout.png'}, {checkpoint}")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,136 @@
+"""Exercise 03's binding: pin this rank, every thread of it, and each of its DataLoader workers.
+
+    from binding import bind_this_rank, worker_init_fn   # this file, beside fno.py
+    cpus, device = bind_this_rank(args.bind)             # before any DataLoader worker exists
+    loader = DataLoader(ds, num_workers=4, worker_init_fn=worker_init_fn(cpus))
+
+The toolkit gives the rest: what the node has (affinity.discover), where this rank should run
+(affinity.plan.plan_this_rank: its CPUs, its GPU, a warning when it cannot sit next to it) and
+the report lines (affinity.placement). The later steps import the package's copy of this file,
+affinity.bind (the same code: tests/test_taught_modules.py).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping
+
+from affinity.discover import discover, visible_gpu_pci
+from affinity.placement import ReportThen, WorkerReport
+from affinity.plan import (MODES, core_share, cpus_bound_by_launcher, device_index_for,
+                           physical_cores, plan_this_rank)
+from wellfno.cli import UserError
+from wellfno.launch import LaunchEnv, launch_environment
+
+
+def set_affinity_all_threads(cpus, include_pinned: bool = False) -> dict[int, set[int]]:
+    """Set the CPU mask of every thread of this process that still has the calling thread's
+    (all of them with include_pinned); returns each changed thread's previous mask.
+    sched_setaffinity(0) alone would bind the calling thread only, not torch's thread pools."""
+    cpus = set(cpus)
+    original = os.sched_getaffinity(0)
+    previous = {}
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            mask = os.sched_getaffinity(tid)
+            if include_pinned or mask == original:
+                os.sched_setaffinity(tid, cpus)
+                previous[tid] = mask
+        except OSError:  # the thread exited meanwhile
+            pass
+    if not tids:
+        os.sched_setaffinity(0, cpus)
+        previous[0] = original
+    return previous
+
+
+def bind_this_rank(mode: str = "exclusive", sysfs: str = "/sys", set_threads: bool = True,
+                   torch_module=None, env: Mapping[str, str] | None = None,
+                   launch: LaunchEnv | None = None):
+    """Pin this process, all its threads, to the CPUs the plan gives its local rank (torchrun's
+    or srun's, wellfno.launch), pick its GPU, one torch thread per physical core. Returns (cpus,
+    device). 'none' pins nothing: the CPUs as they are, the local rank's GPU."""
+    if mode not in (*MODES, "none"):
+        raise UserError(f"unknown bind mode {mode!r}; choose one of {', '.join(MODES)}, none")
+    if torch_module is None:
+        import torch as torch_module
+    torch = torch_module
+    env = os.environ if env is None else env
+    launch = launch_environment(env) if launch is None else launch
+    if mode == "none":  # nothing pinned, no warning: the rank's GPU only
+        gpus = len(visible_gpu_pci(torch, sysfs))
+        if not gpus:
+            return sorted(os.sched_getaffinity(0)), torch.device("cpu")
+        device = torch.device("cuda", device_index_for(launch.local_rank, launch.local_world_size,
+                                                       gpus, launch.step_gpus, launch.launcher))
+        torch.cuda.set_device(device)
+        return sorted(os.sched_getaffinity(0)), device
+    topo = discover(sysfs)  # allowed = what this process may use now
+    binding = plan_this_rank(topo, mode, launch, visible_gpu_pci(torch, sysfs),
+                             cpus_bound_by_launcher(launch, env))
+    if binding.warning:
+        print(f"affinity: warning: rank {launch.rank}: {binding.warning}", file=sys.stderr,
+              flush=True)
+    if binding.device_index is None:
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", binding.device_index)
+        torch.cuda.set_device(device)
+    set_affinity_all_threads(binding.cpus)
+    if set_threads:
+        # SMT siblings share the FPU; more threads than cores mostly add contention.
+        torch.set_num_threads(max(1, len(physical_cores(binding.cpus, topo.core_of))))
+    return sorted(binding.cpus), device
+
+
+def worker_cpus(cpus, worker_id: int, num_workers: int,
+                core_of: dict[int, int] | None = None) -> set[int]:
+    """Worker `worker_id`'s CPUs of the rank's `cpus`: its own block of whole cores, or, with
+    more workers than cores, core worker_id mod #cores."""
+    cpus = set(cpus)
+    if num_workers <= 0:
+        return cpus
+    cores = physical_cores(cpus, core_of)
+    if num_workers > len(cores):
+        return cores[worker_id % len(cores)]
+    return core_share(cpus, core_of, worker_id, num_workers)
+
+
+class WorkerPinner:
+    """worker_init_fn for torch DataLoader (a class, so it pickles for spawn/forkserver)."""
+
+    def __init__(self, cpus, threads_per_worker: int = 1, core_of: dict[int, int] | None = None,
+                 then=None):
+        self.cpus = sorted(cpus)
+        self.threads_per_worker = threads_per_worker
+        self.core_of = core_of
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        import torch
+        info = torch.utils.data.get_worker_info()
+        num_workers = info.num_workers if info is not None else 1
+        set_affinity_all_threads(worker_cpus(self.cpus, worker_id, num_workers, self.core_of))
+        # A worker decodes one sample at a time; several torch threads per worker would
+        # oversubscribe the cores the workers share between them.
+        torch.set_num_threads(self.threads_per_worker)
+        if self.then is not None:
+            self.then(worker_id)
+
+
+def worker_init_fn(cpus, threads_per_worker: int = 1, report: bool = False, sysfs: str = "/sys",
+                   then=None) -> WorkerPinner:
+    """A worker_init_fn that pins worker w to worker_cpus(cpus, w, ...), then calls
+    then(worker_id); report=True: each worker prints its report line first. The SMT layout
+    (which CPUs share a core) is read once here, in the rank, not in every worker."""
+    try:
+        core_of = discover(sysfs, allowed_cpus=set(cpus)).core_of
+    except UserError:
+        core_of = None  # e.g. no sysfs in a sandbox: treat every CPU as its own core
+    if report:
+        then = ReportThen(WorkerReport(sysfs=sysfs), then)
+    return WorkerPinner(cpus, threads_per_worker, core_of, then)
