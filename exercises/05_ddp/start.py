@@ -169,7 +169,9 @@ def main(argv=None):
           f"{fields}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
-    prof, trace = window.start(args, device, out)  # step 01's profiler (profiling.window)
+    prof, trace = window.start(  # step 01's profiler (profiling.window)
+        device, out, args.profile, wait=args.profile_wait, warmup=args.profile_warmup,
+        active=args.profile_active, memory=args.profile_memory, with_stack=args.with_stack)
 
     for epoch in range(first_epoch, args.epochs + 1):
         if args.max_steps and step >= args.max_steps:
