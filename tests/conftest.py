@@ -223,16 +223,24 @@ def trained(tmp_path_factory):
         if key not in runs:
             module = import_script(script)
             out = tmp_path_factory.mktemp("trained")
-            copy, calls = module.data.batch_to_model, []
+            calls = []
 
-            def slow_first_copy(*args, **kwargs):
-                calls.append(1)
-                if len(calls) == 1:
-                    time.sleep(START_UP_SECONDS)
-                return copy(*args, **kwargs)
+            def slow_first(copy):
+                def slow_first_copy(*args, **kwargs):
+                    calls.append(1)
+                    if len(calls) == 1:
+                        time.sleep(START_UP_SECONDS)
+                    return copy(*args, **kwargs)
+                return slow_first_copy
 
+            # the first step's copy of a batch, whichever the script trains with: a frame
+            # (data.batch_to_model) or, from solution 14 on, a rollout (unrolled.batch_to_rollout)
+            copies = [(module.data, "batch_to_model")]
+            if hasattr(module, "unrolled"):
+                copies.append((module.unrolled, "batch_to_rollout"))
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(module.data, "batch_to_model", slow_first_copy)
+                for owner, name in copies:
+                    patch.setattr(owner, name, slow_first(getattr(owner, name)))
                 call_main(module, "--data-dir", data_dir, "--out", out, *options)
             runs[key] = out
         return runs[key]
