@@ -125,11 +125,11 @@ def benchmark():
     del sys.modules[spec.name]
 
 
-def _ladder(benchmark, device, no_compile=False):
+def _ladder(benchmark, device, no_compile=False, baseline=None):
     import argparse
 
     args = argparse.Namespace(steps=20, width=64, batch_size=64, no_compile=no_compile,
-                              baseline=str(benchmark.BASELINE))
+                              baseline=str(baseline or benchmark.BASELINE))
     rows = benchmark.rows_to_run(args, device)
     return [(r.name, None if r.against is None else rows[r.against].name, r.amp, r.skipped)
             for r in rows], rows
@@ -163,6 +163,17 @@ def test_ladder_adds_one_idea_per_row(benchmark, monkeypatch):
     assert all("--log-every" in r.options for r in rows[1:]) and rows[0].options == []
     without_compile, _ = _ladder(benchmark, torch.device("cpu"), no_compile=True)
     assert [name for name, *_ in without_compile] == [name for name, *_ in ladder[:4]]
+
+
+@pytest.mark.parametrize("first,name", [("solutions/06_exact_metrics/fno.py", "06 baseline"),
+                                         ("fno.py", "fno.py baseline"),
+                                         ("my_work/my_fno.py", "my_fno.py baseline")])
+def test_the_first_row_is_named_after_baseline(benchmark, first, name):
+    """--baseline another step's script (or a participant's): the first row, and the row that
+    builds on it, name that script, not the default's step."""
+    ladder, rows = _ladder(benchmark, torch.device("cpu"), baseline=REPO / first)
+    assert ladder[0][:2] == (name, None) and rows[0].script == REPO / first
+    assert ladder[1][:2] == ("08 no host syncs", name)
 
 
 @pytest.mark.parametrize("cpu", ["amd_epyc_7763", "intel_xeon_8259cl"])

@@ -6,7 +6,8 @@
 
 Rows (each the solution of the step that adds the idea, against the row it builds on; not
 cumulative, so each row's speed-up is that idea's own):
-  NN baseline           BASELINE (the step before 08): loss.item() every step, float32, eager
+  NN baseline           --baseline, named after its step (default: 07, the step before 08):
+                        loss.item() every step, float32, eager
   08 no host syncs      solutions/08_host_syncs/fno.py --log-every <more than the run>  (vs NN)
   09 mixed precision    solutions/09_mixed_precision/fno.py ... --amp bf16  (vs 08): bf16 where
                         the device has bf16 units, fp16 on a GPU without them; skipped, with the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -50,8 +52,17 @@ NO_SYNCS = REPO / "solutions" / "08_host_syncs" / "fno.py"
 AMP = REPO / "solutions" / "09_mixed_precision" / "fno.py"
 MFU = REPO / "solutions" / "10_mfu" / "fno.py"
 SOLUTION = REPO / "solutions" / "11_compile" / "fno.py"
-BASELINE_ROW = f"{BASELINE.parent.name[:2]} baseline"
 DEFAULT_WIDTH, DEFAULT_BATCH = 32, 16  # fno.py's model and batch
+
+
+def baseline_row(script: Path) -> str:
+    """The first row's name, after its script (--baseline): "NN baseline" for a step's solution
+    (solutions/NN_name/fno.py), else the file's name ("my_fno.py baseline")."""
+    step = script.parent.name
+    return f"{step[:2]} baseline" if re.fullmatch(r"\d\d_\w+", step) else f"{script.name} baseline"
+
+
+BASELINE_ROW = baseline_row(BASELINE)  # the default first row's name
 
 
 @dataclass
@@ -83,7 +94,8 @@ def mixed_precision(device: torch.device) -> tuple[str | None, str]:
 
 def rows_to_run(args, device: torch.device) -> list[Row]:
     no_syncs = ["--log-every", str(10 * args.steps)]  # never read back inside the timed steps
-    rows = [Row(BASELINE_ROW, Path(args.baseline)),
+    baseline = Path(args.baseline)
+    rows = [Row(baseline_row(baseline), baseline),
             Row("08 no host syncs", NO_SYNCS, no_syncs, against=0)]
     amp, why_not_bf16 = mixed_precision(device)
     if amp is None:
