@@ -541,7 +541,7 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
     pci = None
     if gpu:
         try:
-            from affinity.bind import visible_gpu_pci
+            from affinity.discover import visible_gpu_pci
             pci = visible_gpu_pci(torch)[0]
         except Exception:  # noqa: BLE001 - old torch: no PCI address, nvidia-smi/rocm-smi unusable
             pci = None
