@@ -397,6 +397,10 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int,
             out.append(_q(question, "not answered", "no GPU: torch sees none"))
         elif step is None:
             out.append(_q(question, "not answered", "its step did not run"))
+        elif step_name == "node" and step["outcome"] == "not answered" and node:
+            # cut off by its time: node.json holds what it answered (gpucheck writes it after
+            # each answer), the rest is NOT ANSWERED for the step's reason
+            out.append(_node_answer(question, node, gpucheck, cut_off=step["why"]))
         elif step["outcome"] != "ok":
             out.append(_q(question, step["outcome"], step["why"]))
         elif step_name == "ladder":
@@ -415,9 +419,17 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int,
     return out
 
 
-def _node_answer(question: str, node: dict, gpucheck) -> dict:
+# each node question's part of node.json (gpucheck.NODE_PARTS), by its first word
+_NODE_PART = {"training": "training", "complex": "complex_ddp", "NCCL/RCCL": "transport",
+              "step": "step_06", "pytest": "pytest_gpu"}
+
+
+def _node_answer(question: str, node: dict, gpucheck, cut_off: str | None = None) -> dict:
     if not node:
         return _q(question, "failed", "no node results")
+    if _NODE_PART[question.split()[0]] in gpucheck.missing_parts(node):  # cut off before it
+        return _q(question, "not answered", f"the node step {cut_off} before it" if cut_off
+                  else gpucheck.CUT_OFF)
     if question.startswith("training"):
         tr, ut = node["training"], node["utilization"]
         util = f", utilization mean {ut['mean_percent']:.0f}%" if ut.get("available") else ""

@@ -532,10 +532,35 @@ def run_06_on_gpu(torch, out: Path, repo: Path, timeout: float) -> dict:
     return {"ran": True, "runs": runs}
 
 
+# The node step's answers, in the order it gives them (each a key of node.json): the file is
+# written again after each one (atomically: a temporary file, then os.replace), so a node step
+# cut off by its time (day0.sh's `timeout -k`, a job's end) keeps what it answered, and the report
+# lists the rest as NOT ANSWERED (CUT_OFF), never as a failure.
+NODE_PARTS = {
+    "training": "training steps of the course's model on the GPU (samples/s, utilization)",
+    "complex_ddp": "complex gradients under DDP over NCCL/RCCL",
+    "transport": "NCCL/RCCL transport between this node's GPUs",
+    "step_06": "step 06 on the GPU (--amp bf16, --compile, peak memory)",
+    "pytest_gpu": "pytest -m gpu",
+}
+CUT_OFF = "not asked: the node step ended before it (out of its time, or killed)"
+
+
+def missing_parts(node: dict) -> list[str]:
+    """The NODE_PARTS a node step cut off did not answer (its node.json's `unfinished`)."""
+    return list(node.get("unfinished", []))
+
+
 def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Path,
-                budget: float = 540, out: Path | None = None, pytest_budget: float = 600) -> dict:
+                budget: float = 540, out: Path | None = None, pytest_budget: float = 600,
+                save=None) -> dict:
     """The node step: `budget` s for training, DDP and step 06; `pytest -m gpu` then has
-    `pytest_budget` s of its own, whatever the others took."""
+    `pytest_budget` s of its own, whatever the others took. `save(record)` after each answer
+    (NODE_PARTS), and once before the first."""
+    def answered(rec):  # node.json as it stands: what is still to come listed as unfinished
+        if save:
+            save({**rec, "unfinished": [part for part in NODE_PARTS if part not in rec]})
+
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     pci = None
@@ -547,16 +572,20 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
             pci = None
     deadline = time.monotonic() + budget  # training, DDP and step 06 together
     rec = {"host": socket.gethostname(), "gpus_visible": torch.cuda.device_count() if gpu else 0}
+    answered(rec)  # a node step cut off before its first answer: this node.json, no earlier one
     if gpu:
         with UtilizationSampler(torch, 0, pci) as sampler:
-            rec["training"] = train_steps(torch, device, steps, batch, grid)
-        rec["utilization"] = sampler.summary()
+            training = train_steps(torch, device, steps, batch, grid)
+        rec.update(training=training, utilization=sampler.summary())
     else:
         rec["training"] = train_steps(torch, device, steps, batch, grid)
         rec["utilization"] = {"available": False, "text": f"not available ({NO_GPU})"}
+    answered(rec)
     work = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gpucheck-"))
     rec.update(run_complex_ddp(torch, work / "complex_ddp", _budget_left(deadline, 180)))
+    answered(rec)
     rec["step_06"] = run_06_on_gpu(torch, work / "step_06", repo, _budget_left(deadline, 300))
+    answered(rec)
     if pytest and gpu:
         rec["pytest_gpu"] = run_pytest_gpu(repo, timeout=pytest_budget,
                                            deselect=COVERED_BY_NODE_STEP)
@@ -564,6 +593,8 @@ def node_record(torch, steps: int, batch: int, grid: int, pytest: bool, repo: Pa
         rec["pytest_gpu"] = {"ran": False, "ok": True, "summary": f"not run: {NO_GPU} (every gpu test would skip)"}
     else:
         rec["pytest_gpu"] = {"ran": False, "ok": True, "summary": "not run (--pytest not given)"}
+    if save:
+        save(rec)  # every part answered: no `unfinished`
     return rec
 
 
@@ -599,12 +630,13 @@ def build_report(tasks: list[dict], node: dict | None, expect_gpu: bool) -> dict
         problems.append("no node results (the training/pytest step did not run)")
     else:
         problems += course_problems(node)
-        if not node["pytest_gpu"]["ok"]:
+        if not node.get("pytest_gpu", {"ok": True})["ok"]:
             failed = node["pytest_gpu"].get("failed") or []
             problems.append(f"pytest -m gpu failed: {node['pytest_gpu']['summary']}"
                             + (f" ({', '.join(failed)})" if failed else ""))
     any_gpu = any(t["gpus"] for t in tasks)
-    unanswered = not_answered(node) if any_gpu else []
+    # without a GPU only a cut-off node step's parts (the GPU questions are N/A there)
+    unanswered = [q for q in not_answered(node) if any_gpu or q["why"] == CUT_OFF]
     if problems:
         status = "FAIL"
     elif not any_gpu:
@@ -638,6 +670,7 @@ def not_answered(node: dict | None) -> list[dict]:
         out.append({"question": "pytest -m gpu: every test after the last one it reported",
                     "why": f"timed out after {tests['timeout']:.0f} s: give it more with "
                            f"--pytest-budget"})
+    out += [{"question": NODE_PARTS[part], "why": CUT_OFF} for part in missing_parts(node)]
     return out
 
 
@@ -732,7 +765,9 @@ def report_text(rep: dict) -> str:
             if c:
                 lines.append(f"    on the CPU: matmul rel. error {c['matmul_rel_error']:.1e}, FFT rel. error {c['fft_rel_error']:.1e}")
     node = rep["node"]
-    if node:
+    # a part a node step cut off did not reach: no line of its own, listed NOT ANSWERED below
+    cut = set(missing_parts(node)) if node else set(NODE_PARTS)
+    if "training" not in cut:
         tr, ut = node["training"], node["utilization"]
         lines.append(f"training ({tr['device']}, {tr['steps']} steps after {tr['warmup_steps']} warm-up, batch {tr['batch']}, "
                      f"{tr['grid']}x{tr['grid']}): median step {tr['median_step_ms']:.2f} ms, "
@@ -742,9 +777,13 @@ def report_text(rep: dict) -> str:
                          f"mean {ut['mean_percent']:.0f}%, median {ut['median_percent']:.0f}%, max {ut['max_percent']:.0f}%")
         else:
             lines.append(f"GPU utilization: {ut['text']}")
+    if "complex_ddp" not in cut:
         lines.append(complex_ddp_line(node))
+    if "transport" not in cut:
         lines.append(transport_line(node.get("transport")))
+    if "step_06" not in cut:
         lines += step_06_lines(node.get("step_06"))
+    if "pytest_gpu" not in cut:
         tests = node["pytest_gpu"]
         skipped = len(tests.get("not_answered", []))
         lines.append(f"pytest -m gpu: {tests['summary']}"
@@ -820,10 +859,10 @@ def main(argv=None) -> int:
                   "".join(f"; GPU {g['index']} matmul {'ok' if g['matmul_ok'] else 'FAILED'}, "
                           f"FFT {'ok' if g['fft_ok'] else 'FAILED'}" for g in rec["gpus"]), flush=True)
         else:
-            rec = node_record(torch, args.steps, args.batch_size, args.grid, args.pytest,
-                              Path(__file__).resolve().parents[1], budget=args.budget,
-                              out=out / "node", pytest_budget=args.pytest_budget)
-            atomic_write_json(out / "node.json", rec)
+            node_record(torch, args.steps, args.batch_size, args.grid, args.pytest,
+                        Path(__file__).resolve().parents[1], budget=args.budget,
+                        out=out / "node", pytest_budget=args.pytest_budget,
+                        save=lambda rec: atomic_write_json(out / "node.json", rec))
         return 0
 
     folder = Path(args.folder)

@@ -338,3 +338,26 @@ def test_no_gpu_on_a_gpu_machine_is_a_failure(tmp_path):
     assert text.startswith("day-0 check: FAIL: 0 step(s) failed, 1 question(s) answered wrong")
     assert "FAILED: torch sees no GPU" in text
     assert day0.summary(scratch, tmp_path / "dry", gpus=0, dry_run=True) == 0
+
+
+def test_a_node_step_cut_off_keeps_the_answers_it_gave(tmp_path):
+    """The node step killed at its time after the training steps and DDP answered (node.json,
+    written after each answer, lists the rest as unfinished): those questions answered, the
+    others NOT ANSWERED for the step's reason; nothing failed."""
+    node = {"training": {"samples_per_second": 9e3, "batch": 16, "grid": 32},
+            "utilization": {"available": False},
+            "complex_ddp": {"ran": False, "why": "needs 2 GPUs, torch sees 1", "needs_gpus": 2},
+            "transport": {"ran": False, "why": "needs 2 GPUs, torch sees 1", "needs_gpus": 2},
+            "unfinished": ["step_06", "pytest_gpu"]}
+    scratch = _scratch(tmp_path, ["task\t0\t9\t90\t", "node\t124\t200\t200\t",
+                                  "report\t0\t3\t30\t"], [], node)
+    assert day0.summary(scratch, tmp_path / "out", gpus=1, dry_run=False) == 0
+    text = (tmp_path / "out" / "day0.txt").read_text()
+    assert text.startswith("day-0 check: INCOMPLETE"), text
+    assert ("training steps of the course's model on the GPU (samples/s, utilization): 9000 "
+            "samples/s at batch 16, 32x32") in text
+    for question in ("step 06 --amp bf16 against float32 on the GPU",
+                     "step 06 --compile against float32 on the GPU", "pytest -m gpu"):
+        assert (f"{question}: NOT ANSWERED (the node step timed out after 200 s before it)"
+                in text), text
+    assert "complex gradients under DDP over NCCL/RCCL: NOT ANSWERED (needs 2 GPUs" in text

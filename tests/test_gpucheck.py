@@ -309,6 +309,73 @@ def test_node_record_on_a_cpu_node_says_not_applicable(tmp_path):
     assert not (tmp_path / "node").exists(), "nothing written on a CPU node"
 
 
+# The node step as day0.sh and the Slurm job run it (`python -m coursetools.gpucheck node`), its
+# step 06 standing in for one of minutes on a GPU (its runs are what a node step's time runs out in)
+SLOW_STEP_06 = """\
+import sys, time
+from coursetools import gpucheck
+
+def step_06_of_minutes(*args, **kwargs):
+    time.sleep(600)
+
+gpucheck.run_06_on_gpu = step_06_of_minutes
+gpucheck.main(sys.argv[1:])
+"""
+
+
+def test_a_node_step_killed_mid_way_keeps_what_it_answered(tmp_path):
+    """SIGKILL (timeout -k's, a job's end) after the training steps and DDP answered, during step
+    06: node.json holds those answers, whole, and says what was still to come; the report gives
+    the answers and lists the rest as NOT ANSWERED (cut off), not "no node results"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "check"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_STEP_06, "node", "--out", str(out),
+                             "--steps", "1", "--batch-size", "1", "--grid", "8", "--pytest"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    node_file, node = out / "node.json", {}
+    try:
+        deadline = time.monotonic() + 60
+        while "complex_ddp" not in node:  # the answers before step 06
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"node.json never held the answers before step 06 ({node}): "
+                            f"{proc.communicate()[0][-2000:]}")
+            time.sleep(0.05)
+            node = json.loads(node_file.read_text()) if node_file.is_file() else {}
+        time.sleep(0.5)  # well into step 06
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in out.iterdir()) == ["node.json"]  # whole: no temporary left
+    node = json.loads(node_file.read_text())
+    assert node["training"]["steps"] == 1 and node["training"]["samples_per_second"] > 0
+    assert node["complex_ddp"] == {"ran": False, "why": gpucheck.NO_GPU}
+    assert gpucheck.missing_parts(node) == ["step_06", "pytest_gpu"] and "step_06" not in node
+    # as on a GPU node (the report's GPU questions: a CPU's are N/A)
+    rep = gpucheck.build_report([_task(0, [_gpu(0)])], node, True)
+    assert rep["status"] == gpucheck.INCOMPLETE and not rep["problems"], rep
+    assert rep["not_answered"] == [{"question": gpucheck.NODE_PARTS[part], "why": gpucheck.CUT_OFF}
+                                   for part in ("step_06", "pytest_gpu")]
+    lines = gpucheck.report_text(rep).splitlines()
+    assert any(line.startswith("training (cpu, 1 steps") for line in lines), lines
+    assert f"NOT ANSWERED ({gpucheck.CUT_OFF}): pytest -m gpu" in lines
+    assert not any(line.startswith(("06 ", "pytest -m gpu: ")) for line in lines), lines
+    # the whole node step, not cut off: nothing unfinished
+    rec = gpucheck.node_record(torch, 1, 1, 8, False, tmp_path, budget=60,
+                               save=lambda r: gpucheck.atomic_write_json(node_file, r))
+    assert json.loads(node_file.read_text()) == json.loads(json.dumps(rec))
+    assert "unfinished" not in rec and gpucheck.missing_parts(rec) == []
+
+
 def test_the_tests_the_node_step_runs_itself_exist():
     """pytest -m gpu in the day-0 job leaves out what the node step ran: the names must be real."""
     import ast
