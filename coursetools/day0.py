@@ -115,7 +115,103 @@ def site(wheels: Path, target: Path, listing: Path = WHEEL_LIST) -> dict:
                         f"{'it' if len(missing) == 1 else 'them'}: run `make device-wheels` where "
                         f"there is a network and bring {wheels}/ with the repository "
                         "(INSTRUCTORS.md, 'Day-0 check')")
+    record["problems"] = too_old(path) + import_problems(target)
     return record
+
+
+# --------------------------------------------------------------------------- what the course imports
+# The machine's binary packages (scipy, h5py, numpy, matplotlib: compiled, so no pure-Python wheel
+# of theirs exists for `make device-wheels` to bring) come from the site. Each one the course
+# imports and this Python lacks, or has too old, is one line at the site step, before a later
+# step runs into it (issue 48: neuralop's tensorly imports scipy).
+LOAD = ("load the site's {pkg} (`module load`, or the site's image or container that has it) "
+        "or give PY=<a python that imports it>")
+
+
+def _distribution_of(module: str) -> str:
+    """The distribution that installs top-level `module` (yaml: PyYAML), else its own name."""
+    return next(iter(metadata.packages_distributions().get(module, [])), module)
+
+
+def too_old(path: list[str]) -> list[str]:
+    """One line for each package this Python has at a version that a course's package (of
+    wheels.txt) does not accept: its declared requirements (Requires-Dist, extras left out) against
+    what is installed; one that is not installed is the imports' question, not this one's."""
+    try:
+        from packaging.requirements import Requirement
+        from packaging.version import Version
+    except ImportError:  # pytest's requirement: a machine without it fails at the imports
+        return []
+    problems = {}
+    for name in wanted():
+        dist = next(iter(metadata.distributions(name=name, path=path)), None)
+        for text in (dist.requires or []) if dist else []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = installed_version(req.name, path)
+            if have is not None and not req.specifier.contains(have, prereleases=True):
+                old = any(s.operator in (">=", ">", "~=", "==") and Version(have) < Version(
+                    s.version.rstrip(".*")) for s in req.specifier)
+                problems.setdefault(canonical(req.name), (
+                    f"{sys.executable} has {req.name} {have}, too {'old' if old else 'new'}: "
+                    f"{dist.metadata['Name']} {dist.version} needs {req.name}{req.specifier}; "
+                    + LOAD.format(pkg=f"{req.name}{req.specifier}")))
+    return list(problems.values())
+
+
+def _importers(err: BaseException, missing: str) -> list[str]:
+    """The packages whose import led to `err`, outermost first (the modules run in its traceback),
+    less `missing` and the course's own."""
+    out = []
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        name = frame.f_globals.get("__name__", "") if frame.f_code.co_name == "<module>" else ""
+        top = name.split(".")[0]
+        if top and top not in (missing, "coursetools", "importlib") and top not in out:
+            out.append(top)
+        tb = tb.tb_next
+    return out
+
+
+def import_problems(target: Path, modules: dict[str, str] | None = None) -> list[str]:
+    """Import every module of other packages the day-0 check's programs import
+    (coursetools.imports) with `target` first on the path, as day0.sh's PYTHONPATH puts it: one
+    line for each package missing or broken (the first module that needs it names it)."""
+    import importlib
+
+    from coursetools import imports
+
+    modules = imports.needed() if modules is None else modules
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+    sys.path_importer_cache.pop(str(target), None)  # made after start-up: look at it again
+    importlib.invalidate_caches()
+    problems: dict[str, str] = {}
+    for module, where in modules.items():
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            missing = (err.name or module).split(".")[0]
+            chain = [m for m in _importers(err, missing) if m != missing]
+            via = chain[0] if chain else where
+            through = f" (through {', '.join(chain[1:])})" if len(chain) > 1 else ""
+            pkg = _distribution_of(missing)
+            problems.setdefault(missing, (
+                f"{sys.executable} lacks {pkg}, which {via} imports{through}: not among the "
+                "pure-Python wheels `make device-wheels` brings (tests/device/wheels.txt), so it "
+                "comes from the site; " + LOAD.format(pkg=pkg)))
+        except Exception as err:  # noqa: BLE001 - a broken or too old binary package: its line
+            culprit = (getattr(err, "name", None) or "").split(".")[0] or \
+                (_importers(err, "") or [module.split(".")[0]])[-1]
+            pkg = _distribution_of(culprit)
+            version = installed_version(pkg, sys.path)
+            problems.setdefault(culprit, (
+                f"{sys.executable} cannot import {module} ({pkg} {version or '?'}): "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
+                + LOAD.format(pkg=f"{pkg} that works with the rest")))
+    return list(problems.values())
 
 
 # --------------------------------------------------------------------------- ladder
@@ -338,6 +434,8 @@ def read_steps(path: Path) -> list[dict]:
                 "note": note[0] if note else ""}
         if rc == "skipped":
             step.update(outcome="not answered", why="no time left")
+        elif rc == "blocked":  # not run: an earlier step failed in a way every later one would
+            step.update(outcome="skipped", why=step["note"], note="")
         elif int(rc) == 0:
             step.update(outcome="ok")
         elif int(rc) in TIMED_OUT and int(took) >= int(budget) - 1:
@@ -401,6 +499,8 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int,
             # cut off by its time: node.json holds what it answered (gpucheck writes it after
             # each answer), the rest is NOT ANSWERED for the step's reason
             out.append(_node_answer(question, node, gpucheck, cut_off=step["why"]))
+        elif step["outcome"] == "skipped":
+            out.append(_q(question, "not answered", f"its step was skipped: {step['why']}"))
         elif step["outcome"] != "ok":
             out.append(_q(question, step["outcome"], step["why"]))
         elif step_name == "ladder":
@@ -496,20 +596,30 @@ def summary(scratch: Path, out: Path, gpus: int, dry_run: bool) -> int:
     failed = [q for q in asked if q["outcome"] == "failed"
               and (steps.get(q["step"]) or {}).get("outcome") == "ok"]
     unanswered = [q for q in asked if q["outcome"] == "not answered"]
+    skipped = [s for s in steps_list if s["outcome"] == "skipped"]
     if failed_steps or failed:
         verdict = (f"FAIL: {len(failed_steps)} step(s) failed, {len(failed)} question(s) "
-                   "answered wrong")
+                   "answered wrong" + (f", {len(skipped)} skipped ({skipped[0]['why']})"
+                                       if skipped else ""))
     elif unanswered:
         whys = "; ".join(sorted({q["text"] for q in unanswered}))
         verdict = f"INCOMPLETE: {len(unanswered)} question(s) NOT ANSWERED ({whys})"
     else:
         verdict = "PASS"
-    lines = [f"day-0 check: {verdict}" + ("   (dry run)" if dry_run else ""), "", "steps:"]
+    lines = [f"day-0 check: {verdict}" + ("   (dry run)" if dry_run else "")]
+    site = steps.get("site")
+    if site and site["outcome"] == "failed":  # what the machine lacks, and what to load
+        lines += ["", "the site step:", *(f"  {line}" for line in _tail(
+            scratch / "logs" / "site.log", LOG_TAIL_LINES).splitlines()
+            if line.startswith("error: "))]
+    lines += ["", "steps:"]
     for s in steps_list:
         state = {"ok": "ok", "failed": f"FAILED ({s.get('why')})",
-                 "not answered": f"NOT ANSWERED ({s.get('why')})"}[s["outcome"]]
+                 "not answered": f"NOT ANSWERED ({s.get('why')})",
+                 "skipped": f"SKIPPED ({s.get('why')})"}[s["outcome"]]
         note = f"; {s['note']}" if s["note"] else ""
-        lines.append(f"  {s['name']}: {state}, {s['seconds']} s of {s['budget']}{note}")
+        took = "" if s["outcome"] == "skipped" else f", {s['seconds']} s of {s['budget']}"
+        lines.append(f"  {s['name']}: {state}{took}{note}")
     lines += ["", "GPU questions:"]
     for q in asked:
         state = {"ok": "", "failed": "FAILED: ", "not answered": "NOT ANSWERED "}[q["outcome"]]
@@ -587,6 +697,10 @@ def main(argv=None) -> int:
         record = site(wheels, target)
         if args.record:
             atomic_write_json(args.record, record)
+        for line in record["problems"]:  # each package on its own line; day0.sh skips the rest
+            print(f"error: {line}", file=sys.stderr)
+        if record["problems"]:
+            return 2
         added = ", ".join(f"{n} {v}" for n, v in record["added"].items()) or "none"
         print(f"the course's packages: {len(record['machine'])} the machine's own, "
               f"{len(record['added'])} unpacked from {wheels} ({added})")

@@ -58,11 +58,11 @@ def installed_files(dist: metadata.Distribution):
             yield str(f), Path(dist.locate_file(f))
 
 
-def make_machine(folder: Path) -> Path:
-    """A venv (no pip) of the base Python whose site-packages links MACHINE_HAS's files."""
+def make_machine(folder: Path, has=MACHINE_HAS) -> Path:
+    """A venv (no pip) of the base Python whose site-packages links the files of `has`."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     site = next(folder.glob("lib/python*/site-packages"))
-    for dist in requirement_closure(MACHINE_HAS).values():
+    for dist in requirement_closure(has).values():
         for top in {name.split("/")[0] for name, _ in installed_files(dist)}:
             if not (site / top).exists():
                 (site / top).symlink_to(Path(dist.locate_file(top)))
@@ -100,6 +100,13 @@ def make_wheels(folder: Path) -> dict[str, str]:
 def machine(tmp_path_factory):
     root = tmp_path_factory.mktemp("machine")
     return make_machine(root / "venv"), make_wheels(root / "wheels"), root / "wheels"
+
+
+@pytest.fixture(scope="module")
+def machine_without_scipy(tmp_path_factory):
+    """The lent machine's image less scipy: a site's torch module often comes without it."""
+    root = tmp_path_factory.mktemp("machine_without_scipy")
+    return make_machine(root / "venv", [name for name in MACHINE_HAS if name != "scipy"])
 
 
 def run_day0(python: Path, tmp_path: Path, wheels: Path, script: Path = SCRIPT, **env):
@@ -174,6 +181,48 @@ def test_day0_dry_run_on_a_stand_in_of_the_lent_machine(machine, tmp_path):
     assert rows[1]["against"] == "fno.py" and rows[1]["speedup"] > 0, rows[1]
     assert all(r["skipped"] and r["samples_per_s"] is None for r in rows[2:]), rows
     assert "| 02 data pipeline |" in text  # the table, rendered in day0.txt
+
+
+def test_a_machine_without_scipy_stops_at_the_site_step(machine, machine_without_scipy, tmp_path):
+    """Issue 48's case: neuralop's tensorly imports scipy, a binary package no pure-Python wheel
+    brings. The site step names it, and what to load, in one line; every later step is SKIPPED
+    with that reason (not run into the same traceback); exit 2; the summary's files come back."""
+    import time
+
+    _, made, wheels = machine
+    probe = subprocess.run([str(machine_without_scipy), "-c", "import scipy"],
+                           capture_output=True, env={**os.environ, "PYTHONPATH": ""})
+    assert probe.returncode == 1, "the stand-in has scipy"
+    t0 = time.monotonic()
+    r = run_day0(machine_without_scipy, tmp_path, wheels, DAY0_DRY_RUN="1", DAY0_SECONDS="240")
+    took = time.monotonic() - t0
+    log = f"{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 2, log
+    scratch, out = tmp_path / "scratch", tmp_path / "out"
+    steps = day0.read_steps(scratch / "steps.tsv")
+    later = ("toolchain", "task", "data", "compile", "node", "report", "collect", "ladder")
+    assert [(s["name"], s["outcome"]) for s in steps] == [
+        ("site", "failed"), *((name, "skipped") for name in later)], log
+    assert {s["why"] for s in steps[1:]} == {"the site step failed"}
+    errors = [line for line in (scratch / "logs" / "site.log").read_text().splitlines()
+              if line.startswith("error: ")]
+    assert len(errors) == 1, errors  # scipy, and nothing else, is missing
+    line = errors[0]
+    assert "lacks scipy, which neuralop imports (through tensorly" in line, line
+    assert "load the site's scipy (`module load`" in line and str(machine_without_scipy) in line
+    assert f"day0: site: FAILED (exit 2 after" in r.stdout and line in r.stdout, r.stdout
+    assert "Traceback" not in (out / "day0.log").read_text()  # nothing ran into it
+    for name in later:
+        assert f"day0: {name}: SKIPPED (the site step failed)" in r.stdout, r.stdout
+    text = (out / "day0.txt").read_text()
+    assert text.startswith("day-0 check: FAIL: 1 step(s) failed, 0 question(s) answered wrong, "
+                           "8 skipped (the site step failed)"), text
+    assert f"the site step:\n  {line}\n" in text
+    assert "  ladder: SKIPPED (the site step failed)\n" in text
+    assert sorted(p.name for p in out.iterdir()) == ["day0.json", "day0.log", "day0.txt"]
+    assert took < 60, f"{took:.0f} s: it should stop at the site step"
+    record = json.loads((scratch / "site.json").read_text())
+    assert record["problems"] == [line[len("error: "):]] and set(record["added"]) == set(made)
 
 
 def test_a_python_without_torch_is_one_error_line(tmp_path):

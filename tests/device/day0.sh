@@ -28,7 +28,9 @@
 # toolchain.txt, compile.log, day0.log (each step's log's tail), ladder.json. Everything else
 # goes to DAY0_SCRATCH (runs/day0_scratch), outside $OUT. A step out of time is NOT ANSWERED
 # (timed out after N s), never a failure. Exit status: the number of failed steps and wrong
-# answers (0: PASS, or INCOMPLETE with only questions not answered); 2: the machine cannot run it.
+# answers (0: PASS, or INCOMPLETE with only questions not answered); 2: the machine cannot run it
+# (no torch, bad settings, or the site step's packages: then every later step is SKIPPED, and
+# day0.txt names each package missing or too old, and what to load).
 #
 # DAY0_DRY_RUN=1: tiny budgets and sizes, no --expect-gpu: the whole script on a CPU
 # (tests/test_day0.py runs it on a stand-in of the lent machine).
@@ -76,9 +78,14 @@ STEPS=$SCRATCH/steps.tsv
 failed=0
 
 left() { echo $((DEADLINE - $(date +%s))); }
+BLOCKED=  # why every later step is skipped (the site step failed: they would all fail the same way)
 step() {  # step NAME CAP CMD...: CMD in at most CAP s, never past the deadline; SCRATCH/logs/NAME.log
   local name=$1 cap=$2 t0 rc took budget
   shift 2
+  if [ -n "$BLOCKED" ]; then
+    printf '%s\tblocked\t0\t0\t%s\n' "$name" "$BLOCKED" >> "$STEPS"
+    echo "day0: $name: SKIPPED ($BLOCKED)"; return 0
+  fi
   budget=$(left); [ "$cap" -lt "$budget" ] && budget=$cap
   if [ "$budget" -lt 3 ]; then
     printf '%s\tskipped\t0\t0\t%s\n' "$name" "${NOTE:-}" >> "$STEPS"
@@ -109,18 +116,23 @@ fi
 compile=(); [ "$gpus" -gt 0 ] && compile=(--compile)  # the question is the GPU's (Triton)
 # (${a[@]+"${a[@]}"} below: an empty array under set -u, which bash before 4.4 calls unbound)
 
-# the course's packages first: without them nothing after can run, so a failure here ends it
-# (its one line: which packages, and `make device-wheels`)
+# the course's packages first, and every module the course's programs import (coursetools/
+# imports.py), imported here: without them nothing after can run, so a failure here skips every
+# later step, with that reason (one line a package: which, and what to load or `make device-wheels`)
 step site 60 "$py_path" -m coursetools.day0 site --wheels "$WHEELS" --target "$SCRATCH/site" \
   --record "$SCRATCH/site.json"
-[ "$failed" = 0 ] || die "$(grep '^error: ' "$SCRATCH/logs/site.log" | tail -1 | cut -c8-)"
+if [ "$failed" != 0 ]; then
+  # the FAILED line above gave the last error line; the others (one a package) here
+  grep '^error: ' "$SCRATCH/logs/site.log" | head -n -1 | sed 's/^/day0: site: /'
+  BLOCKED="the site step failed"
+fi
 # The ladder's data, made while the checks run (CPU work beside the GPU's): The Well's grid,
 # 128x128 (gray_scott_reaction_diffusion's), so that the FNO's FFTs and convolutions are the real
 # ones (the 32x32 demo set leaves an H200 idle), few trajectories and frames (12 x 19 training
 # windows, 91 MB, seconds to make): a few hundred steps of each row, not an epoch's worth of data.
 # A dry run reuses the tiny set.
 large_pid=
-if [ -z "$DRY" ]; then
+if [ -z "$DRY" ] && [ -z "$BLOCKED" ]; then
   ( t0=$(date +%s)
     timeout -k 10 200 "$py_path" -m wellfno.grayscott --data-dir "$SCRATCH/data_large" \
       --size large --n-train 2 --n-steps 20 > "$SCRATCH/logs/data_large.log" 2>&1
@@ -177,4 +189,5 @@ if [ ! -s "$OUT/day0.txt" ] || [ "$(head -c 12 "$OUT/day0.txt")" != "day-0 check
   [ "$wrong" -lt "$failed" ] && wrong=$failed
   [ "$wrong" -lt 1 ] && wrong=1
 fi
+[ -n "$BLOCKED" ] && exit 2  # the machine cannot run it (the summary says why)
 exit "$wrong"
