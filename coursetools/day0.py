@@ -24,6 +24,7 @@ console scripts the course does not call (https://packaging.python.org/en/latest
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata as metadata
 import json
 import re
@@ -268,11 +269,14 @@ def ladder(data_dir: Path, out: Path, steps: int, row_seconds: float, seconds: f
     from wellfno import data, flops
     from wellfno.device import pick_device
 
+    from coursetools import energy
+
     device = pick_device(device_name)
     gpu = device.type == "cuda"
     dataset_dir = data.resolve_dataset(str(data_dir), data.EMBEDDED)
     per_sample = _flops_per_sample(dataset_dir)
     peak = flops.device_peak(device)
+    counter, energy_source = energy.open_counter(torch, device)  # or None, and why
     deadline = time.monotonic() + seconds
     rows, best = [], []
     for i, (name, script, options, against) in enumerate(LADDER):
@@ -293,18 +297,20 @@ def ladder(data_dir: Path, out: Path, steps: int, row_seconds: float, seconds: f
             cmd = [sys.executable, str(REPO / script), "--data-dir", str(data_dir), "--out",
                    str(run_out), "--epochs", "1000", "--max-steps", str(steps), "--seed", "0",
                    "--device", device.type, *opts]
+            trace = energy.Trace(counter) if counter else contextlib.nullcontext()
             try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=allowed,
-                                   cwd=REPO)
+                with trace:
+                    rc, stderr, opened = energy.run_watched(cmd, allowed, REPO)
             except subprocess.TimeoutExpired:
                 row["skipped"] = f"timed out after {allowed:.0f} s"
             else:
-                if r.returncode:
-                    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-                    row["skipped"] = (errors or r.stderr.strip().splitlines()[-1:] or ["?"])[-1]
+                if rc:
+                    errors = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+                    row["skipped"] = (errors or stderr.strip().splitlines()[-1:] or ["?"])[-1]
                     row["failed"] = not errors  # a refusal says why in one line; else a crash
                 else:
                     metrics = json.loads((run_out / "metrics.json").read_text())
+                    row["energy"] = _row_energy(trace, opened, metrics, energy_source)
         best.append(metrics)
         if metrics is not None:
             amp = "bf16" if "--amp" in opts else "none"
@@ -317,25 +323,66 @@ def ladder(data_dir: Path, out: Path, steps: int, row_seconds: float, seconds: f
                        peak_memory_bytes=metrics.get("peak_memory_bytes"),
                        peak_memory_of=metrics.get("peak_memory_of"),
                        compile_seconds=metrics.get("compile_seconds"))
+            row.update(joules_per_sample=row["energy"].get("joules_per_sample"),
+                       mean_watts=row["energy"].get("mean_watts"))
             if against is not None and best[against] is not None:
                 row["speedup"] = (metrics["samples_per_second"]
                                   / best[against]["samples_per_second"])
         else:
             row.update(dict.fromkeys(("samples_per_s", "flops_per_sample", "achieved_flops_per_s",
                                       "peak_flops_per_s", "peak_precision", "mfu",
-                                      "peak_memory_bytes", "peak_memory_of", "compile_seconds")))
+                                      "peak_memory_bytes", "peak_memory_of", "compile_seconds",
+                                      "joules_per_sample", "mean_watts")))
         rows.append(row)
         print(f"{name}: " + (f"skipped: {row['skipped']}" if row["skipped"] else
                              f"{row['samples_per_s']:.1f} samples/s"), flush=True)
     grid = "x".join(map(str, data.well_datasets(dataset_dir, 1)["train"][0]["input_fields"]
                         .shape[1:3]))
+    if counter:
+        counter.close()
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if gpu else None,
               "peak_device": peak.name, "peak_source": peak.source, "steps": steps,
-              "grid": grid, "workers": workers, "rows": rows}
+              "grid": grid, "workers": workers, "rows": rows,
+              "energy": {"source": energy_source} if counter else {"not_answered": energy_source}}
     command = shlex.join(["python", "-m", "coursetools.day0", "ladder", *sys.argv[2:]])
     write_result(out, command, result, device)
-    print(flops.efficiency_markdown(rows))
+    print(ladder_markdown(result))
     return result
+
+
+def _row_energy(trace, opened: dict, metrics: dict, source: str) -> dict:
+    """A row's energy of its timed steps (coursetools.energy), or NOT ANSWERED and why."""
+    from coursetools import energy
+
+    if not isinstance(trace, energy.Trace):
+        return {"not_answered": source}
+    try:
+        return energy.timed_energy(trace, opened, metrics["history"])
+    except (LookupError, ValueError) as why:
+        return {"not_answered": str(why)}
+
+
+def ladder_markdown(result: dict) -> str:
+    """The ladder's table (wellfno.flops.efficiency_markdown), J per sample and mean W of each
+    row's timed steps beside it, and where the energy came from, or why it is NOT ANSWERED."""
+    from wellfno.flops import efficiency_markdown
+
+    rows = result["rows"]
+    table, _, notes = efficiency_markdown(rows).partition("\n\n")
+    lines = table.splitlines()
+    if "energy" not in result:  # a ladder from before the energy columns
+        return efficiency_markdown(rows)
+    cells = [" J/sample | mean W |", "---:|---:|"] + [
+        " - | - |" if r.get("joules_per_sample") is None else
+        f" {r['joules_per_sample']:.3g} | {r['mean_watts']:.0f} |" for r in rows]
+    lines = [line + cell for line, cell in zip(lines, cells)]
+    why = result["energy"].get("not_answered")
+    missing = [f"{r['row']}: {r['energy']['not_answered']}" for r in rows
+               if (r.get("energy") or {}).get("not_answered") and not why]
+    energy_line = (f"Energy: NOT ANSWERED ({why})." if why else
+                   f"Energy of each row's timed steps: {result['energy']['source']}"
+                   + (f"; NOT ANSWERED for {'; '.join(missing)}" if missing else "") + ".")
+    return "\n".join(lines + [""] + ([notes, ""] if notes else []) + [energy_line])
 
 
 # --------------------------------------------------------------------------- the GPU ladder in the docs
@@ -395,8 +442,10 @@ def ladder_row_text(row: dict) -> str:
     text = f"{row['row']} {row['samples_per_s']:.0f} samples/s"
     if row.get("speedup") is not None:
         text += f" ({row['speedup']:.2f}× {row['against']})"
-    return text + ("" if row.get("mfu") is None else
-                   f", MFU {100 * row['mfu']:.2f} % of {row['peak_precision']}")
+    text += ("" if row.get("mfu") is None else
+             f", MFU {100 * row['mfu']:.2f} % of {row['peak_precision']}")
+    return text + ("" if row.get("joules_per_sample") is None else
+                   f", {row['joules_per_sample']:.3g} J/sample at {row['mean_watts']:.0f} W")
 
 
 def keep(file: Path, root: Path, commit: str | None = None) -> Path:
@@ -460,8 +509,10 @@ def _ladder_answer(question: str, result: dict | None) -> dict:
         return _q(question, "not answered", "; ".join(f"{r['row']}: {r['skipped']}" for r in rows)
                   or "no ladder.json")
     mfu = lambda r: "" if r["mfu"] is None else f", MFU {100 * r['mfu']:.2f}%"  # noqa: E731
+    joules = lambda r: ("" if r.get("joules_per_sample") is None  # noqa: E731
+                        else f", {r['joules_per_sample']:.3g} J/sample")
     return _q(question, "ok", "; ".join(
-        f"{r['row']} {r['samples_per_s']:.0f} samples/s{mfu(r)}" if not r["skipped"]
+        f"{r['row']} {r['samples_per_s']:.0f} samples/s{mfu(r)}{joules(r)}" if not r["skipped"]
         else f"{r['row']} skipped ({r['skipped']})" for r in rows))
 
 
@@ -482,7 +533,7 @@ def questions(steps: dict[str, dict], report: dict | None, gpus: int,
         ("node", "pytest -m gpu"),
         ("compile", "solution 11 --compile on the GPU (the compiled model, its spectral "
                     "convolutions run eagerly)"),
-        ("ladder", "the course's ladder on the GPU (samples/s, MFU; ladder.json)"),
+        ("ladder", "the course's ladder on the GPU (samples/s, MFU, J/sample; ladder.json)"),
     ]
     out = []
     for step_name, question in asked:
@@ -627,11 +678,10 @@ def summary(scratch: Path, out: Path, gpus: int, dry_run: bool) -> int:
         lines.append(f"  {q['question']}: {state}{text}")
     if ladder_result:
         from benchtools.resultfiles import caption
-        from wellfno.flops import efficiency_markdown
 
         got = ladder_result["data"]
         lines += ["", f"the ladder (ladder.json; {caption(ladder_result)}; grid {got['grid']}, "
-                      f"peak {got['peak_device']}):", efficiency_markdown(got["rows"])]
+                      f"peak {got['peak_device']}):", ladder_markdown(got)]
     gpu_text = scratch / "gpu" / "gpu_check.txt"
     if gpu_text.is_file():
         lines += ["", "the day-0 report (gpu_check.txt):", gpu_text.read_text().rstrip()]

@@ -714,6 +714,13 @@ def _cells(row: dict | None) -> list[str]:
     return [rate, "-" if row["mfu"] is None else f"{100 * row['mfu']:.2f}% {row['peak_precision']}"]
 
 
+def _energy_cells(row: dict | None) -> list[str]:
+    """A GPU ladder row's J per sample and mean W of its timed steps (coursetools.energy)."""
+    if row is None or row.get("joules_per_sample") is None:
+        return ["-", "-"]
+    return [f"{row['joules_per_sample']:.3g}", f"{row['mean_watts']:.0f}"]
+
+
 def efficiency_gpu_table(root: Path) -> str:
     """Exercise 11's GPU column: the CPU's ladder (EFFICIENCY_RESULT) and the GPU's (day0's
     GPU_LADDER) side by side, step by step; without a GPU file, how to measure one."""
@@ -728,14 +735,16 @@ def efficiency_gpu_table(root: Path) -> str:
         for r in (result["data"]["rows"] if result else []):
             by_step.setdefault(r["row"].split()[0], {})[side] = r
     order = sorted(by_step, key=lambda k: _STEP_ORDER.index(k) if k in _STEP_ORDER else 99)
+    d = ladder["data"]
+    energy = d.get("energy")  # a ladder from before the energy columns has none
     rows = []
     for step in order:
         mine = by_step[step]
         name = (mine.get("gpu") or mine["cpu"])["row"]
-        rows.append([name, *(_cells(mine.get("cpu")) if cpu else []), *_cells(mine.get("gpu"))])
+        rows.append([name, *(_cells(mine.get("cpu")) if cpu else []), *_cells(mine.get("gpu"))]
+                    + (_energy_cells(mine.get("gpu")) if energy else []))
     head = (["row"] + (["CPU samples/s", "CPU MFU"] if cpu else [])
-            + ["GPU samples/s", "GPU MFU"])
-    d = ladder["data"]
+            + ["GPU samples/s", "GPU MFU"] + (["GPU J/sample", "GPU mean W"] if energy else []))
     skipped = [f"GPU {r['row']}: skipped: {r['skipped']}." for r in d["rows"] if r["skipped"]]
     return (md_table(head, rows, "l" + "r" * (len(head) - 1))
             + ("\n\n" + " ".join(skipped) if skipped else "")
@@ -744,6 +753,9 @@ def efficiency_gpu_table(root: Path) -> str:
             f"(each speed-up against the row named); MFU against {d['peak_device']} "
             f"({d['peak_source']})."
             + (f" CPU column: `{EFFICIENCY_RESULT.as_posix()}`, the table above." if cpu else "")
+            + ("" if not energy else f" Energy: NOT ANSWERED ({energy['not_answered']})."
+               if "not_answered" in energy else
+               f" J/sample and mean W: each row's timed steps, {energy['source']}.")
             + "\n\n" + _caption(ladder).replace("_Measured by", "_GPU column measured by"))
 
 

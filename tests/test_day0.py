@@ -181,6 +181,11 @@ def test_day0_dry_run_on_a_stand_in_of_the_lent_machine(machine, tmp_path):
     assert rows[1]["against"] == "fno.py" and rows[1]["speedup"] > 0, rows[1]
     assert all(r["skipped"] and r["samples_per_s"] is None for r in rows[2:]), rows
     assert "| 02 data pipeline |" in text  # the table, rendered in day0.txt
+    # a CPU's energy: NOT ANSWERED, and why (coursetools.energy), never a number
+    assert ladder["data"]["energy"] == {
+        "not_answered": "no GPU: the energy counters are a GPU's (NVML, amdsmi)"}
+    assert all(r["joules_per_sample"] is None and r["mean_watts"] is None for r in rows)
+    assert "| J/sample | mean W |" in text and "Energy: NOT ANSWERED (no GPU: " in text
 
 
 def test_a_machine_without_scipy_stops_at_the_site_step(machine, machine_without_scipy, tmp_path):
@@ -373,8 +378,8 @@ def test_a_failed_step_and_a_wrong_answer_are_counted(tmp_path):
     assert "step 06 --compile against float32 on the GPU: FAILED: loss within 1.0e-03" in text
     assert "step 06 --amp bf16 against float32 on the GPU: loss within 2.0e-04" in text
     assert "complex gradients under DDP over NCCL/RCCL: NOT ANSWERED (needs 2 GPUs" in text
-    assert ("the course's ladder on the GPU (samples/s, MFU; ladder.json): NOT ANSWERED (its "
-            "step did not run)") in text
+    assert ("the course's ladder on the GPU (samples/s, MFU, J/sample; ladder.json): NOT "
+            "ANSWERED (its step did not run)") in text
 
 
 def test_no_gpu_on_a_gpu_machine_is_a_failure(tmp_path):
