@@ -21,7 +21,8 @@
 # then `pytest -m gpu` with what time is left but the ladder's); its report. Without a GPU, `pytest --collect-only -m gpu` stands in for
 # the GPU tests (the node step runs them only on a GPU): do they import here? Then, with the time
 # left, the first GPU numbers: the course's ladder (fno.py, 02, 08, 09 bf16, 11 compiled:
-# samples/s and MFU) on a 128x128 dataset made in the background meanwhile, one results file.
+# samples/s, MFU, J/sample and mean W) on a 128x128 dataset made in the background meanwhile, one
+# results file.
 #
 # $OUT gets at most 8 files (coursetools/day0.py, OUT_FILES): day0.txt (the verdict, each step,
 # each GPU question answered or NOT ANSWERED (why)), day0.json, gpu_check.txt/.json,
