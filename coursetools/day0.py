@@ -120,7 +120,7 @@ def site(wheels: Path, target: Path, listing: Path = WHEEL_LIST) -> dict:
     return record
 
 
-# --------------------------------------------------------------------------- what the course imports
+# ------------------------------------------------------------------ what the course imports
 # The machine's binary packages (scipy, h5py, numpy, matplotlib: compiled, so no pure-Python wheel
 # of theirs exists for `make device-wheels` to bring) come from the site. Each one the course
 # imports and this Python lacks, or has too old, is one line at the site step, before a later

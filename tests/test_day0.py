@@ -215,7 +215,7 @@ def test_a_machine_without_scipy_stops_at_the_site_step(machine, machine_without
     line = errors[0]
     assert "lacks scipy, which neuralop imports (through tensorly" in line, line
     assert "load the site's scipy (`module load`" in line and str(machine_without_scipy) in line
-    assert f"day0: site: FAILED (exit 2 after" in r.stdout and line in r.stdout, r.stdout
+    assert "day0: site: FAILED (exit 2 after" in r.stdout and line in r.stdout, r.stdout
     assert "Traceback" not in (out / "day0.log").read_text()  # nothing ran into it
     for name in later:
         assert f"day0: {name}: SKIPPED (the site step failed)" in r.stdout, r.stdout

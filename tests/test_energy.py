@@ -161,10 +161,12 @@ def test_the_ladder_table_shows_joules_per_sample_and_mean_watts():
               "energy": {"source": f"NVML nvmlDeviceGetTotalEnergyConsumption (mJ), GPU {PCI}"}}
     text = day0.ladder_markdown(result)
     lines = text.splitlines()
-    assert lines[0].endswith("| compile (s) | J/sample | mean W |") and lines[1].endswith("---:|---:|")
+    assert lines[0].endswith("| compile (s) | J/sample | mean W |")
+    assert lines[1].endswith("---:|---:|")
     assert lines[2].endswith("| - | 0.512 | 301 |") and lines[3].endswith("| - | - | - |")
-    assert lines[-1] == ("Energy of each row's timed steps: NVML nvmlDeviceGetTotalEnergyConsumption"
-                         f" (mJ), GPU {PCI}; NOT ANSWERED for 02 data pipeline: no bar.")
+    assert lines[-1] == ("Energy of each row's timed steps: NVML "
+                         f"nvmlDeviceGetTotalEnergyConsumption (mJ), GPU {PCI}; NOT ANSWERED for "
+                         "02 data pipeline: no bar.")
     assert "0.512 J/sample at 301 W" in day0.ladder_row_text(result["rows"][0])
     none = day0.ladder_markdown({"rows": [_row("fno.py")], "energy": {"not_answered": "no GPU"}})
     assert none.splitlines()[-1] == "Energy: NOT ANSWERED (no GPU)."

@@ -36,10 +36,11 @@ def test_what_a_program_imports_through_our_modules_and_what_it_starts(tmp_path)
         "unused.py": "import dask\n",
     })
     found = imports.needed(tmp_path, {tmp_path / "prog.py"})
-    assert found == {"yaml": "prog.py", "matplotlib.pyplot": "prog.py", "einops": "mypkg/__init__.py",
-                     "numpy": "mypkg/helper.py", "h5py": "mypkg/local.py", "tqdm": "mypkg/tool.py",
-                     "the_well.data": "other.py", "threadpoolctl": "beside.py",
-                     "pytest": "tests/conftest.py", "neuralop.models": "tests/test_x.py"}
+    assert found == {"yaml": "prog.py", "matplotlib.pyplot": "prog.py",
+                     "einops": "mypkg/__init__.py", "numpy": "mypkg/helper.py",
+                     "h5py": "mypkg/local.py", "tqdm": "mypkg/tool.py", "the_well.data": "other.py",
+                     "threadpoolctl": "beside.py", "pytest": "tests/conftest.py",
+                     "neuralop.models": "tests/test_x.py"}
 
 
 def test_the_day0_check_needs_the_course_packages_and_no_optional_one():
