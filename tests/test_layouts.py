@@ -102,12 +102,11 @@ def test_stats_script_equals_float64_reference(name, standins, stats_script, tmp
 # --------------------------------------------------------------------------------------- fno.py on every layout
 
 def load_script(path):
-    import importlib.util
+    """The script as `python path` imports it, with the modules beside it (solution 03's
+    binding.py): conftest.import_script, so no test depends on another having put them on sys.path."""
+    from tests.conftest import import_script
 
-    spec = importlib.util.spec_from_file_location(f"script_{path.parent.name}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_script(path)
 
 
 @pytest.fixture(scope="module")
