@@ -23,6 +23,9 @@ import pytest
 from tests.checks import TASK
 from tests.conftest import REPO
 
+# exercise 12's checks, all of them on two runs of the script (the flag recomputes the blocks and
+# nothing else; the same gradients, less kept; the same training)
+CHECKS_12 = "run_again or keeps_less or trains_the_same"
 # (check-your-work test file, the unchanged previous step's script, the exercise of its tasks,
 #  the checks to run: None for the quick ones, else a -k expression picking a few cheap slow ones
 #  where the file has no quick check that the previous step fails)
@@ -45,8 +48,7 @@ CASES = [
     ("tests/test_09_mixed_precision.py", "solutions/08_host_syncs/fno.py", "09", "peak_memory"),
     ("tests/test_10_mfu.py", "solutions/09_mixed_precision/fno.py", "10", None),
     ("tests/test_11_compile.py", "solutions/10_mfu/fno.py", "11", None),
-    ("tests/test_12_checkpointing.py", "solutions/11_compile/fno.py", "12",
-     "checkpointed_run_trains"),
+    ("tests/test_12_checkpointing.py", "solutions/11_compile/fno.py", "12", CHECKS_12),
     ("tests/test_13_domain_parallel.py", "solutions/12_checkpointing/fno.py", "13", None),
     ("tests/test_14_long_rollouts.py", "solutions/13_domain_parallel/fno.py", "14", None),
 ]
@@ -64,7 +66,31 @@ class {name}(unrolled.RolloutLoss):  # the mistake: each rank draws noise for it
         return torch.cat([frames + self.noise * torch.randn_like(frames),
                           x[:, self.frame_channels:]], dim=1)
 '''
+SOLUTION_12 = "solutions/12_checkpointing/fno.py"
+CHECKPOINT_12 = "checkpoint(block_forward, x, index, output_shape, use_reentrant=False)"
 PLANTED = [
+    # --checkpoint-blocks parsed, named in the memory line and metrics.json, but never applied
+    ("12-flag-does-nothing", "tests/test_12_checkpointing.py", SOLUTION_12,
+     [("        checkpoint_blocks(model.fno)\n", "        pass\n")], "12",
+     "run_again or keeps_less", {1}, "FNO blocks"),
+    # the lifting layer checkpointed instead of the FNO blocks
+    ("12-wrong-layer", "tests/test_12_checkpointing.py", SOLUTION_12,
+     [("    blocks = fno.fno_blocks\n", "    blocks = fno.lifting\n"),
+      (CHECKPOINT_12, "checkpoint(block_forward, x, use_reentrant=False)")], "12",
+     "run_again", {1}, "lifting"),
+    # the Hints' recursion: the replaced forward checkpoints itself (not a 1000-frame traceback)
+    ("12-recursion", "tests/test_12_checkpointing.py", SOLUTION_12,
+     [(CHECKPOINT_12, CHECKPOINT_12.replace("block_forward", "blocks.forward"))], "12",
+     CHECKS_12, {1}, "RecursionError"),
+    # the reentrant variant, asked for or torch's default (2.13) when use_reentrant is left out:
+    # it runs the blocks' forward under no_grad, and the FLOP count's module tracker
+    # (wellfno.flops, FlopCounterMode) finds their outputs without a grad_fn
+    ("12-reentrant", "tests/test_12_checkpointing.py", SOLUTION_12,
+     [(CHECKPOINT_12, CHECKPOINT_12.replace("False", "True"))], "12", CHECKS_12, {1},
+     "use_reentrant"),
+    ("12-use-reentrant-left-out", "tests/test_12_checkpointing.py", SOLUTION_12,
+     [(CHECKPOINT_12, CHECKPOINT_12.replace(", use_reentrant=False", ""))], "12", CHECKS_12, {1},
+     "use_reentrant"),
     # a resumed run (on any world size) draws epoch 1's noise and N again in epoch 2
     ("14-no-set-epoch", "tests/test_14_long_rollouts.py", SOLUTION_14,
      [("        rollout_loss.set_epoch(epoch, len(train_loader))", "        pass")], "14",
