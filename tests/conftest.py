@@ -377,7 +377,7 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """The xdist groups of `make test`; `gpu` tests run where torch sees a GPU (CUDA or ROCm) and
-    are skipped elsewhere.
+    are skipped elsewhere; with --script, the checks of the repository's own code are skipped.
 
     Under `pytest -n 2 --dist loadgroup` every test marked `slurm` is in one group, "slurm", which
     runs on one worker, one after the other in file order (the local cluster's jobs and the
@@ -386,6 +386,15 @@ def pytest_collection_modifyitems(config, items):
     a module-scoped fixture (a training run, a background job) is made once, not on both workers.
     Without xdist the marks do nothing. https://pytest-xdist.readthedocs.io/en/stable/distribution.html
     """
+    if config.getoption("--script", default=None):
+        # check-your-work: a check module's test that takes no `script` checks the repository's
+        # own code (a package, a benchmark), not the participant's file: it skips, saying so,
+        # instead of passing whatever the file does (DESIGN.md, "What each check runs")
+        own = pytest.mark.skip(reason="checks the repository's own code, not your --script")
+        for item in items:
+            if getattr(getattr(item, "module", None), "STEP", None) and \
+                    not {"script", "script_module"} & set(getattr(item, "fixturenames", ())):
+                item.add_marker(own)
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -213,17 +213,10 @@ def test_checkpointed_run_trains_the_same_model(script, tiny_data_dir, finished_
             f"{task('12', 1)}")
 
 
-@pytest.fixture
-def repository_only(request):
-    """A check of the repository's own code, not of a participant's script: skipped with
-    --script."""
-    if request.config.getoption("--script"):
-        pytest.skip("checks the repository's wellfno.checkpointing, not your script")
-
-
 @pytest.mark.parametrize("grid", [(12, 10), (6, 8, 4)])
-def test_package_checkpointing_gradients_equal_plain_ones(grid, repository_only):
-    """wellfno.checkpointing, the copy later steps and the benchmark use, in 2-D and 3-D."""
+def test_package_checkpointing_gradients_equal_plain_ones(grid):
+    """wellfno.checkpointing, the copy later steps and the benchmark use, in 2-D and 3-D (the
+    repository's code: skipped with --script, tests/conftest.py)."""
     plain = small_model(grid)
     checkpointed = copy.deepcopy(plain)
     checkpoint_blocks(checkpointed.fno)
