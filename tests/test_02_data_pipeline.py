@@ -26,14 +26,16 @@ def fno(script_module):
 
 def train(fno, data_dir, out, *options):
     shown = " ".join(map(str, options)) or "no options"
+    stopped = None  # failed outside the except: no "during handling of the above exception"
     try:
         run_main_or_fail(lambda: call_main(fno, "--data-dir", data_dir, "--out", out, *FAST, *options),
                          f"a run with {shown}", f"add the loader options {task('02', 2)}")
     except UserError as err:
-        require(False, f"a run with {shown} was refused: {err} {task('02', 2)}")
+        stopped = f"a run with {shown} was refused: {err} {task('02', 2)}"
     except ValueError as err:  # DataLoader's own refusal, e.g. prefetch_factor without workers
-        require(False, f"a run with {shown} failed: {str(err).splitlines()[0]}; pass the worker-only options "
-                f"to DataLoader only with workers {task('02', 2)}")
+        stopped = (f"a run with {shown} failed: {str(err).splitlines()[0]}; pass the worker-only options "
+                   f"to DataLoader only with workers {task('02', 2)}")
+    require(stopped is None, stopped)
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -94,13 +96,17 @@ def test_pin_memory_on_cpu_is_a_one_line_note(fno, tiny_data_dir, tmp_path):
 @pytest.mark.parametrize("options", [["--num-workers", -1], ["--prefetch-factor", 0, "--num-workers", 1]])
 def test_impossible_values_are_user_errors(fno, tmp_path, options):
     shown = " ".join(map(str, options))
+    refuse = f"refuse {options[0]} {options[1]} with a UserError naming it {task('02', 2)}"
     try:
         run_main_or_fail(lambda: call_main(fno, "--data-dir", tmp_path, "--out", tmp_path / "out", *options),
                          shown, f"add the option {task('02', 2)}")
-    except UserError:
-        pass
+    except UserError as err:  # the refusal of this value, not a later one (a missing dataset)
+        stopped = None if options[0] in str(err) else f"{shown} was not refused: the run stopped later ({err}); {refuse}"
+    except ValueError as err:  # DataLoader's own refusal, with a traceback for the participant
+        stopped = f"{shown} reached DataLoader, which raised ValueError: {str(err).splitlines()[0]}; {refuse}"
     else:
-        require(False, f"{shown} was accepted: refuse it with a UserError {task('02', 2)}")
+        stopped = f"{shown} was accepted: {refuse}"
+    require(stopped is None, stopped)  # outside the except: no chained exception in the report
     require(not (tmp_path / "out").exists(), f"{shown} left an output folder: refuse before writing "
             f"{task('02', 2)}")
 

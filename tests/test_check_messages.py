@@ -22,6 +22,7 @@ import pytest
 
 from tests.checks import TASK
 from tests.conftest import REPO
+from tests.test_stats_distributed import ANSWERS
 
 # exercise 12's checks, all of them on two runs of the script (the flag recomputes the blocks and
 # nothing else; the same gradients, less kept; the same training)
@@ -68,7 +69,93 @@ class {name}(unrolled.RolloutLoss):  # the mistake: each rank draws noise for it
 '''
 SOLUTION_12 = "solutions/12_checkpointing/fno.py"
 CHECKPOINT_12 = "checkpoint(block_forward, x, index, output_shape, use_reentrant=False)"
+SOLUTION_05 = "solutions/05_ddp/fno.py"
+SAVE_05 = """        if env.rank == 0:  # one writer; the others hold the same model
+            atomic_torch_save(checkpoint, dict(model=model.state_dict(), epoch=epoch, step=step,
+                                               optimizer=optimizer.state_dict(), history=history))
+"""
+SOLUTION_02 = "solutions/02_data_pipeline/fno.py"
+# Exercise 04's participant finishes the starter (tests/test_stats_distributed.py's ANSWERS); a
+# mistake there is one answer written wrong, the others right.
+STARTER_04 = "exercises/04_distributed_stats/stats_parallel.py"
+SPLIT_04, MERGE_04, GATHER_04 = ANSWERS
+
+
+def answered(stub: str, wrong: str) -> list[tuple[str, str]]:
+    """The starter's stubs answered as ANSWERS does, `stub`'s with `wrong`."""
+    return [(each, wrong if each == stub else answer) for each, answer in ANSWERS.items()]
+
+
 PLANTED = [
+    # --- exercise 02: the loader options
+    # the copies left blocking: pin_memory pins the batches, and nothing copies them asynchronously
+    ("02-no-non-blocking", "tests/test_02_data_pipeline.py", SOLUTION_02,
+     [("            x, y = data.batch_to_model(batch, device, non_blocking=True)",
+       "            x, y = data.batch_to_model(batch, device)"),
+      ("        x, y = data.batch_to_model(batch, device, non_blocking=True)",
+       "        x, y = data.batch_to_model(batch, device)")], "02",
+     "non_blocking_copy", {3}, "non_blocking"),
+    # prefetch_factor and persistent_workers passed to DataLoader with --num-workers 0 too
+    ("02-worker-options-without-workers", "tests/test_02_data_pipeline.py", SOLUTION_02,
+     [("    if args.num_workers:  # DataLoader refuses these without workers\n"
+       "        loader_options.update(prefetch_factor=args.prefetch_factor,\n"
+       "                              persistent_workers=args.persistent_workers)\n",
+       "    loader_options.update(prefetch_factor=args.prefetch_factor,\n"
+       "                          persistent_workers=args.persistent_workers)\n")], "02",
+     "worker_options_without_workers", {2}, "only with workers"),
+    # --num-workers -1 not refused: it fails later, for another reason (here: the empty folder)
+    ("02-negative-workers-accepted", "tests/test_02_data_pipeline.py", SOLUTION_02,
+     [("    if args.num_workers < 0 or (args.prefetch_factor is not None and "
+       "args.prefetch_factor < 1):",
+       "    if args.prefetch_factor is not None and args.prefetch_factor < 1:")], "02",
+     "impossible_values", {2}, "--num-workers"),
+    # --- exercise 04: the starter finished with one answer wrong
+    # the two means averaged as if the sides held as many values each
+    ("04-means-averaged", "tests/test_stats_distributed.py", STARTER_04,
+     answered(MERGE_04, ANSWERS[MERGE_04].replace("ma + d * share", "(ma + mb) / 2")), "04",
+     "merge", {4}, "chan_merge"),
+    # the merged M2 given Bessel's n / (n - 1), the sample variance's correction, not the sum's
+    ("04-unbiased-m2", "tests/test_stats_distributed.py", STARTER_04,
+     answered(MERGE_04, ANSWERS[MERGE_04].replace("d * d * na * share",
+                                                  "d * d * na * share * n / (n - 1)")),
+     "04", "merge", {4}, "chan_merge"),
+    # equal shares of n_items // world_size: the remainder's items read by no rank
+    ("04-remainder-dropped", "tests/test_stats_distributed.py", STARTER_04,
+     answered(SPLIT_04, "    share = n_items // world_size\n"
+              "    return [(rank * share, (rank + 1) * share) for rank in range(world_size)]\n"),
+     "04", "split", {3}, "split_items"),
+    # no gather: rank 0 writes its own share's statistics as the dataset's
+    ("04-rank-0-only", "tests/test_stats_distributed.py", STARTER_04,
+     answered(GATHER_04, GATHER_04), "04", "world_sizes_equal_serial and srun-2", {5},
+     "every rank"),
+    # --- exercise 05: data-parallel training
+    # the DistributedSampler made but not given to the DataLoader: every rank shuffles all samples
+    ("05-sampler-not-passed", "tests/test_05_ddp.py", SOLUTION_05,
+     [("batch_size=args.batch_size, sampler=train_sampler,",
+       "batch_size=args.batch_size, shuffle=True,")], "05",
+     "each_rank_trains", {2}, "DistributedSampler"),
+    # every epoch the same shuffle
+    ("05-no-set-epoch", "tests/test_05_ddp.py", SOLUTION_05,
+     [("        train_sampler.set_epoch(epoch)", "        pass")], "05",
+     "each_rank_trains", {2}, "set_epoch"),
+    # each rank's sampler seeded differently: the ranks' shuffles differ, their shares overlap
+    ("05-seed-per-rank", "tests/test_05_ddp.py", SOLUTION_05,
+     [("shuffle=True, seed=args.seed)", "shuffle=True, seed=args.seed + env.rank)")], "05",
+     "each_rank_trains", {2}, "DistributedSampler"),
+    # the model not wrapped: each rank steps on its own gradients
+    ("05-not-wrapped", "tests/test_05_ddp.py", SOLUTION_05,
+     [("    ddp_model = DistributedDataParallel(model) if env.is_distributed else model",
+       "    ddp_model = model")], "05",
+     "two_ranks_of_b", {3}, "DistributedDataParallel"),
+    # every rank saves the checkpoint (the same file, written by two processes)
+    ("05-every-rank-saves", "tests/test_05_ddp.py", SOLUTION_05,
+     [(SAVE_05, SAVE_05.split("\n", 1)[1].replace("    ", "", 1).replace("\n    ", "\n"))],
+     "05", "each_rank_trains", {4}, "rank 0 alone writes"),
+    # the global batch reported as one rank's
+    ("05-global-batch-of-a-rank", "tests/test_05_ddp.py", SOLUTION_05,
+     [("    global_batch = args.batch_size * env.world_size", "    global_batch = args.batch_size")],
+     "05", "each_rank_trains", {5}, "global_batch_size"),
+    # --- exercise 12: activation checkpointing
     # --checkpoint-blocks parsed, named in the memory line and metrics.json, but never applied
     ("12-flag-does-nothing", "tests/test_12_checkpointing.py", SOLUTION_12,
      [("        checkpoint_blocks(model.fno)\n", "        pass\n")], "12",
@@ -129,15 +216,18 @@ SUMMARY = re.compile(r"^(FAILED|ERROR) (?P<test>\S+)(?: - (?P<message>.*))?$", r
 
 # The 14 runs in one process, one pytest.main after another: a pytest process per exercise would
 # import torch, neuralop and the conftest 14 times (about 3.5 s of CPU each on the 2-core CI VM).
-# Each case has its own check file, so no test module is imported twice (exercise 04's picks its
-# script at import from STATS_SCRIPT, which conftest.pytest_configure sets from each run's
-# --script). Each run's report is what a participant's terminal shows (pytest writes it to
-# sys.stdout, here a buffer per run).
+# A check file runs more than once (its step's case and its planted mistakes): each run imports
+# the check modules afresh, since exercise 04's picks its script at import from STATS_SCRIPT, which
+# conftest.pytest_configure sets from each run's --script (torch and the packages stay imported).
+# Each run's report is what a participant's terminal shows (pytest writes it to sys.stdout, here a
+# buffer per run).
 RUN_EACH = """
 import contextlib, io, json, sys
 import pytest
 reports = []
 for args in json.loads(sys.argv[1]):
+    for name in [name for name in sys.modules if name.startswith("tests.test_")]:
+        del sys.modules[name]
     report = io.StringIO()
     with contextlib.redirect_stdout(report):
         status = pytest.main(args)
@@ -166,20 +256,23 @@ def planted(tmp, name, solution, mistakes) -> str:
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict:
+def reports(request, tmp_path_factory) -> dict:
     """exercise (or planted mistake) -> (pytest's exit status, its report) of each case's check
     on the previous step (on the planted copy)."""
     tmp = tmp_path_factory.mktemp("planted")
-    cases = [pytest_args(check, previous, chosen) for check, previous, _, chosen in CASES]
-    cases += [pytest_args(check, planted(tmp, name, solution, mistakes), chosen)
-              for name, check, solution, mistakes, _, chosen, _, _ in PLANTED]
-    # the same check file twice in the process (a planted case): pytest imports it once
-    result = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(cases)], cwd=REPO,
-                            capture_output=True, text=True, timeout=1800)
+    # only the cases of the tests selected (`-k 05-`: one exercise's planted mistakes, not all 14
+    # steps' runs)
+    wanted = {item.callspec.id for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")}
+    cases = [(exercise, pytest_args(check, previous, chosen))
+             for check, previous, exercise, chosen in CASES if exercise in wanted]
+    cases += [(name, pytest_args(check, planted(tmp, name, solution, mistakes), chosen))
+              for name, check, solution, mistakes, _, chosen, _, _ in PLANTED if name in wanted]
+    result = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps([a for _, a in cases])],
+                            cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, f"the checks' runner failed:\n{result.stderr[-3000:]}"
     runs = json.loads(result.stdout.rsplit("\nREPORTS ", 1)[-1])
-    names = [case[2] for case in CASES] + [case[0] for case in PLANTED]
-    return {name: tuple(run) for name, run in zip(names, runs)}
+    return {name: tuple(run) for (name, _), run in zip(cases, runs)}
 
 
 def failure_sentences(out: str, where: str, failed: list) -> list[str]:
