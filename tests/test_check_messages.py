@@ -75,6 +75,7 @@ SAVE_05 = """        if env.rank == 0:  # one writer; the others hold the same m
                                                optimizer=optimizer.state_dict(), history=history))
 """
 SOLUTION_02 = "solutions/02_data_pipeline/fno.py"
+SOLUTION_06 = "solutions/06_exact_metrics/fno.py"
 # Exercise 04's participant finishes the starter (tests/test_stats_distributed.py's ANSWERS); a
 # mistake there is one answer written wrong, the others right.
 STARTER_04 = "exercises/04_distributed_stats/stats_parallel.py"
@@ -155,6 +156,24 @@ PLANTED = [
     ("05-global-batch-of-a-rank", "tests/test_05_ddp.py", SOLUTION_05,
      [("    global_batch = args.batch_size * env.world_size", "    global_batch = args.batch_size")],
      "05", "each_rank_trains", {5}, "global_batch_size"),
+    # --- exercise 06: exact metrics over the ranks
+    # validation split by a DistributedSampler: padded with repeats where the ranks do not divide it
+    ("06-valid-padded", "tests/test_06_exact_metrics.py", SOLUTION_06,
+     [('sampler=range(env.rank, len(splits["valid"]), env.world_size),',
+       'sampler=torch.utils.data.DistributedSampler(splits["valid"], env.world_size, env.rank, '
+       'shuffle=False),')], "06", "each_sample_counts_once", {1}, "validation"),
+    # the training sampler pads instead of leaving the remainder out
+    ("06-no-drop-last", "tests/test_06_exact_metrics.py", SOLUTION_06,
+     [("shuffle=True, seed=args.seed, drop_last=True)", "shuffle=True, seed=args.seed)")], "06",
+     "each_sample_counts_once", {2}, "drop_last"),
+    # each rank's validation mean, rank 0's reported: not the job's
+    ("06-valid-not-reduced", "tests/test_06_exact_metrics.py", SOLUTION_06,
+     [("    if dist.is_initialized():\n        dist.all_reduce(total)\n", "")], "06",
+     "eval_only_equal", {1}, "sums and counts"),
+    # rank 0's epoch row as the job's
+    ("06-no-over-ranks", "tests/test_06_exact_metrics.py", SOLUTION_06,
+     [("        row = over_ranks(row, device)\n", "")], "06",
+     "each_sample_counts_once", {2}, "over_ranks"),
     # --- exercise 12: activation checkpointing
     # --checkpoint-blocks parsed, named in the memory line and metrics.json, but never applied
     ("12-flag-does-nothing", "tests/test_12_checkpointing.py", SOLUTION_12,
