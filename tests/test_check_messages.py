@@ -74,6 +74,7 @@ SAVE_05 = """        if env.rank == 0:  # one writer; the others hold the same m
             atomic_torch_save(checkpoint, dict(model=model.state_dict(), epoch=epoch, step=step,
                                                optimizer=optimizer.state_dict(), history=history))
 """
+SOLUTION_01 = "solutions/01_profiling/fno.py"
 SOLUTION_02 = "solutions/02_data_pipeline/fno.py"
 SOLUTION_06 = "solutions/06_exact_metrics/fno.py"
 # Exercise 04's participant finishes the starter (tests/test_stats_distributed.py's ANSWERS); a
@@ -88,6 +89,22 @@ def answered(stub: str, wrong: str) -> list[tuple[str, str]]:
 
 
 PLANTED = [
+    # --- exercise 01: the profiled window
+    # no wait: the window starts at step 0 and ends steps before the run does
+    ("01-no-wait", "tests/test_01_profiling.py", SOLUTION_01,
+     [("        args.profile_wait = args.max_steps - args.profile_warmup - args.profile_active",
+       "        args.profile_wait = 0")], "01", "chrome_json", {3}, "wait"),
+    # the copy to the device not in a range of its own (inside the forward's)
+    ("01-copy-not-labelled", "tests/test_01_profiling.py", SOLUTION_01,
+     [('        with record_function("h2d_copy"):\n            x, y = data.batch_to_model(batch, '
+       'device)\n        with record_function("forward"):\n',
+       '        with record_function("forward"):\n            x, y = data.batch_to_model(batch, '
+       'device)\n')], "01", "labelled_ranges", {1}, "host-to-device"),
+    # the table sorted by total CPU time (each range's children counted in it), not self
+    ("01-sorted-by-total", "tests/test_01_profiling.py", SOLUTION_01,
+     [("prof.key_averages().table(sort_by=sort_by,",
+       'prof.key_averages().table(sort_by="cpu_time_total",')], "01", "key_averages", {5},
+     "self_cpu_time_total"),
     # --- exercise 02: the loader options
     # the copies left blocking: pin_memory pins the batches, and nothing copies them asynchronously
     ("02-no-non-blocking", "tests/test_02_data_pipeline.py", SOLUTION_02,
