@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +78,7 @@ SAVE_05 = """        if env.rank == 0:  # one writer; the others hold the same m
 """
 SOLUTION_01 = "solutions/01_profiling/fno.py"
 SOLUTION_02 = "solutions/02_data_pipeline/fno.py"
+SOLUTION_03 = "solutions/03_affinity/fno.py"
 SOLUTION_06 = "solutions/06_exact_metrics/fno.py"
 # Exercise 04's participant finishes the starter (tests/test_stats_distributed.py's ANSWERS); a
 # mistake there is one answer written wrong, the others right.
@@ -105,6 +108,21 @@ PLANTED = [
      [("prof.key_averages().table(sort_by=sort_by,",
        'prof.key_averages().table(sort_by="cpu_time_total",')], "01", "key_averages", {5},
      "self_cpu_time_total"),
+    # --- exercise 03: binding ranks and workers
+    # the workers not given the rank's cores: each runs on all of them
+    ("03-no-worker-init-fn", "tests/test_03_affinity_solution.py", SOLUTION_03,
+     [("        if cpus:  # each worker on its own slice of the rank's cores, not all on one\n"
+       "            loader_options[\"worker_init_fn\"] = worker_init_fn(cpus, "
+       "report=args.report_workers)\n", "")], "03", "workers_are_spread", {3}, "worker_init_fn"),
+    # the rank reports its CPUs before it is bound to its own
+    ("03-report-before-binding", "tests/test_03_affinity_solution.py", SOLUTION_03,
+     [("    cpus = None\n", "    cpus = None\n    print(report_line(device=device), flush=True)\n"),
+      ("    print(report_line(device=device), flush=True)  # host, rank", "    # host, rank")], "03",
+     "own_cores", {3}, "bind_this_rank"),
+    # --bind without its choices: an unknown mode gets past argparse
+    ("03-bind-without-choices", "tests/test_03_affinity_solution.py", SOLUTION_03,
+     [('p.add_argument("--bind", choices=["exclusive", "node", "core-complex", "none"],',
+       'p.add_argument("--bind",')], "03", "unknown_binding", {3}, "choices"),
     # --- exercise 02: the loader options
     # the copies left blocking: pin_memory pins the batches, and nothing copies them asynchronously
     ("02-no-non-blocking", "tests/test_02_data_pipeline.py", SOLUTION_02,
@@ -286,7 +304,12 @@ def planted(tmp, name, solution, mistakes) -> str:
     for correct, wrong in mistakes:
         assert text.count(correct) == 1, f"{name}: {correct!r} is not once in {solution}"
         text = text.replace(correct, wrong)
-    path = tmp / f"{name}.py"
+    folder = tmp / name  # beside the files the solution imports from its folder (03's binding.py)
+    folder.mkdir()
+    for sibling in (REPO / solution).parent.glob("*.py"):
+        if sibling.name != Path(solution).name:
+            shutil.copy(sibling, folder / sibling.name)
+    path = folder / f"{name}.py"
     path.write_text(text)
     return str(path)
 
