@@ -13,6 +13,7 @@ import pytest
 
 from tests.checks import last_error_line, require, require_run, task
 from tests.conftest import call_main, run_script
+from wellfno.cli import UserError
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 STEP = "03_affinity"
@@ -103,13 +104,18 @@ def test_workers_are_spread_over_the_rank_cores(script, tiny_data_dir, tmp_path)
 
 
 def test_an_unknown_binding_mode_is_refused(script_module, tmp_path, capsys):
+    later = None  # a UserError of the script's own, after argparse let the mode through
     try:
         call_main(script_module, "--out", tmp_path / "out", "--bind", "everywhere")
     except SystemExit as exit_info:
         code = exit_info.code
+    except UserError as err:
+        code, later = 1, str(err).splitlines()[0]
     else:
         code = 0
     said = capsys.readouterr().err
+    require(later is None, f"--bind everywhere got past argparse and stopped later ({later}): add "
+            f"--bind with the choices exclusive, node, core-complex, none {task('03', 3)}")
     # "invalid choice" is argparse refusing a value of a known option; a script without --bind says
     # "unrecognized arguments" instead
     require(code == 2 and "--bind" in said and "invalid choice" in said,
