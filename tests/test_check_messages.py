@@ -80,6 +80,7 @@ SOLUTION_01 = "solutions/01_profiling/fno.py"
 SOLUTION_02 = "solutions/02_data_pipeline/fno.py"
 SOLUTION_03 = "solutions/03_affinity/fno.py"
 SOLUTION_06 = "solutions/06_exact_metrics/fno.py"
+SOLUTION_08 = "solutions/08_host_syncs/fno.py"
 # Exercise 04's participant finishes the starter (tests/test_stats_distributed.py's ANSWERS); a
 # mistake there is one answer written wrong, the others right.
 STARTER_04 = "exercises/04_distributed_stats/stats_parallel.py"
@@ -209,6 +210,21 @@ PLANTED = [
     ("06-no-over-ranks", "tests/test_06_exact_metrics.py", SOLUTION_06,
      [("        row = over_ranks(row, device)\n", "")], "06",
      "each_sample_counts_once", {2}, "over_ranks"),
+    # --- exercise 08: host syncs
+    # the loss read back into a Python float every step
+    ("08-item-every-step", "tests/test_08_host_syncs.py", SOLUTION_08,
+     [("        loss_sum += loss.detach() * len(x)", "        loss_sum += loss.item() * len(x)")],
+     "08", "no_host_sync", {1}, "host syncs"),
+    # the progress bar shown the step's loss, read back every step
+    ("08-progress-bar-every-step", "tests/test_08_host_syncs.py", SOLUTION_08,
+     [("        samples, steps = samples + len(x), steps + 1\n",
+       "        samples, steps = samples + len(x), steps + 1\n"
+       "        bar.set_postfix(loss=f\"{loss.item():.4f}\", refresh=False)\n")],
+     "08", "no_host_sync", {1}, "host syncs"),
+    # logged at steps 1, 1 + log_every, ...: --log-every 1000 still logs (and reads) step 1
+    ("08-logs-the-first-step", "tests/test_08_host_syncs.py", SOLUTION_08,
+     [("        if steps % log_every == 0:", "        if (steps - 1) % log_every == 0:")],
+     "08", "log_every_changes", {1}, "loss_log"),
     # --- exercise 12: activation checkpointing
     # --checkpoint-blocks parsed, named in the memory line and metrics.json, but never applied
     ("12-flag-does-nothing", "tests/test_12_checkpointing.py", SOLUTION_12,
