@@ -80,6 +80,7 @@ SOLUTION_01 = "solutions/01_profiling/fno.py"
 SOLUTION_02 = "solutions/02_data_pipeline/fno.py"
 SOLUTION_03 = "solutions/03_affinity/fno.py"
 SOLUTION_06 = "solutions/06_exact_metrics/fno.py"
+SOLUTION_07 = "solutions/07_failures/fno.py"
 SOLUTION_08 = "solutions/08_host_syncs/fno.py"
 # Exercise 04's participant finishes the starter (tests/test_stats_distributed.py's ANSWERS); a
 # mistake there is one answer written wrong, the others right.
@@ -210,6 +211,21 @@ PLANTED = [
     ("06-no-over-ranks", "tests/test_06_exact_metrics.py", SOLUTION_06,
      [("        row = over_ranks(row, device)\n", "")], "06",
      "each_sample_counts_once", {2}, "over_ranks"),
+    # --- exercise 07: failures
+    # --timeout 0 let through (only negative refused)
+    ("07-timeout-zero-accepted", "tests/test_07_failures.py", SOLUTION_07,
+     [('    if not 0 < args.timeout < float("inf"):', "    if args.timeout < 0:")], "07",
+     "timeout_must_be", {1}, "positive"),
+    # no watchdog: rank 0 stops on gloo's own error, which names no rank
+    ("07-no-watchdog", "tests/test_07_failures.py", SOLUTION_07,
+     [("        with Watchdog(env.rank, env.world_size) as watchdog:  # one failed rank ends all, "
+       "in seconds\n            train(args, env, backend, device)\n            "
+       "watchdog.wait_for_all()", "        train(args, env, backend, device)\n        "
+       "dist.barrier()")], "07", "failing_rank and die", {2}, "rank 1"),
+    # the failed rendezvous not caught: torch's traceback instead of one line naming the rank
+    ("07-rendezvous-not-caught", "tests/test_07_failures.py", SOLUTION_07,
+     [("    except Exception as err:  # noqa: BLE001 - e.g. a rank never arrived\n",
+       "    except KeyboardInterrupt as err:\n")], "07", "cannot_join", {1}, "rendezvous"),
     # --- exercise 08: host syncs
     # the loss read back into a Python float every step
     ("08-item-every-step", "tests/test_08_host_syncs.py", SOLUTION_08,
