@@ -55,9 +55,10 @@ CASES = [
     ("tests/test_13_domain_parallel.py", "solutions/12_checkpointing/fno.py", "13", None),
     ("tests/test_14_long_rollouts.py", "solutions/13_domain_parallel/fno.py", "14", None),
 ]
-# Mistakes planted in a copy of the exercise's solution: (name, check file, the solution, [(a text
-# of it, the mistake in its place)], exercise, -k of the checks that must catch it, the tasks a
-# sentence may name, a word it must say).
+# Mistakes planted in a copy of the exercise's solution (in a folder of its own, beside copies of
+# the files it imports from its folder; for 04 the finished starter): (name, check file, the
+# solution, [(a text of it, the mistake in its place)], exercise, -k of the checks that must catch
+# it, the tasks a sentence may name, a word it must say). `-k 05-` runs one exercise's.
 SOLUTION_14 = "solutions/14_long_rollouts/fno.py"
 PER_RANK_NOISE = '''
 
