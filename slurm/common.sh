@@ -132,7 +132,8 @@ _wf_run() {
 _wf_container_check() {
   local has_data=0 out rc=0
   [ -d "$WELL_DATA/datasets" ] && has_data=1     # 00_baseline may still have to generate it
-  # POSIX sh: the image may have no bash. Exit 3 = a check failed and said so.
+  # POSIX sh and its built-ins only: the image may have no bash, its PATH may be wrong.
+  # Exit 3 = a check failed and said so.
   local check='mark=$1 root=$2 data=$3 has_data=$4 run=$5 py=$6 bad=0
 say() { echo "error: $*" >&2; bad=1; }
 [ "${WELLFNO_CONTAINER_MARK:-}" = "$mark" ] || say "the job'"'"'s environment does not reach the container (WELLFNO_CONTAINER_MARK is not set inside): podman and podman-hpc need --env-host in CONTAINER_EXEC; for Apptainer leave out --cleanenv/--containall (slurm/site.env)"
@@ -142,7 +143,7 @@ elif [ "$(pwd -P)" != "$(cd "$root" && pwd -P)" ]; then
   say "the container starts in $(pwd), not in the repository $root: add -w $root (podman) or --pwd $root (apptainer) to CONTAINER_EXEC"
 fi
 [ "$has_data" = 0 ] || [ -d "$data/datasets" ] || say "WELL_DATA=$data is not visible inside the container: bind it at the same path in CONTAINER_EXEC (apptainer --bind $data; podman -v $data:$data)"
-{ [ -d "$run" ] && : > "$run/.container_check" && rm -f "$run/.container_check"; } 2>/dev/null || say "the run folder $run is not writable inside the container: bind RUN_ROOT at the same path in CONTAINER_EXEC (apptainer --bind ${run%/*}; podman -v ${run%/*}:${run%/*})"
+{ [ -d "$run" ] && [ -w "$run" ]; } || say "the run folder $run is not writable inside the container: bind RUN_ROOT at the same path in CONTAINER_EXEC (apptainer --bind ${run%/*}; podman -v ${run%/*}:${run%/*})"
 p=$(command -v "$py" 2>/dev/null) || say "$py not found inside the container (PATH=$PATH): podman needs --env PATH=<the image PATH> in CONTAINER_EXEC (on podman 4.x --env-host replaces it), or set PYTHON= in slurm/site.env to the image python"
 [ "$bad" = 0 ] || exit 3
 echo "python=$p"'
