@@ -67,6 +67,9 @@ if [ -n "${CONTAINER_EXEC:-}" ]; then
     export PATH
     unset VIRTUAL_ENV
   fi
+  # The course's packages come from the bound repository, whatever the image installed (an
+  # editable install of another copy, e.g. at /course, or none): participants' edits are seen.
+  export PYTHONPATH="$WELLFNO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
   # a token the start-of-job check looks for inside: the job's environment arrived
   WELLFNO_CONTAINER_MARK="${SLURM_JOB_ID:-local}-$$-$RANDOM"
   export WELLFNO_CONTAINER_MARK
@@ -127,7 +130,7 @@ _wf_run() {
 }
 # _wf_container_check: one srun step, one task per node, inside the container: the job's
 # environment arrived, the repository (as the working directory), WELL_DATA and RUN_DIR are
-# there at the same paths, python is found. Each failure is one `error:` line naming the fix
+# there at the same paths, python is found and imports the course's packages from the repository. Each failure is one `error:` line naming the fix
 # (exit 2). Sets _wf_python_is to the python's path inside.
 _wf_container_check() {
   local has_data=0 out rc=0
@@ -145,6 +148,11 @@ fi
 [ "$has_data" = 0 ] || [ -d "$data/datasets" ] || say "WELL_DATA=$data is not visible inside the container: bind it at the same path in CONTAINER_EXEC (apptainer --bind $data; podman -v $data:$data)"
 { [ -d "$run" ] && [ -w "$run" ]; } || say "the run folder $run is not writable inside the container: bind RUN_ROOT at the same path in CONTAINER_EXEC (apptainer --bind ${run%/*}; podman -v ${run%/*}:${run%/*})"
 p=$(command -v "$py" 2>/dev/null) || say "$py not found inside the container (PATH=$PATH): podman needs --env PATH=<the image PATH> in CONTAINER_EXEC (on podman 4.x --env-host replaces it), or set PYTHON= in slurm/site.env to the image python"
+if [ "$bad" = 0 ]; then
+  # from / : `python -c` would find the package in the working directory, a script run does not
+  w=$(cd / && "$p" -c "import os, wellfno; print(os.path.dirname(os.path.realpath(wellfno.__file__)))" 2>/dev/null) || w=""
+  [ "$w" = "$(cd "$root" && pwd -P)/wellfno" ] || say "$p inside the container imports the course package wellfno from ${w:-nowhere}, not from the repository $root: the job sets PYTHONPATH=$root, which must reach it (an image that sets its own PYTHONPATH wins under Apptainer: add --env PYTHONPATH=$root to CONTAINER_EXEC)"
+fi
 [ "$bad" = 0 ] || exit 3
 echo "python=$p"'
   out="$(_wf_run --ntasks="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 -- \

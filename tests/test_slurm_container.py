@@ -240,6 +240,10 @@ def _bad_cases(root: Path, data: Path) -> list[tuple[dict, str]]:
         (container_env(run_root, data, rec) | {"CONTAINER_EXEC": "apptainer exec 'img.sif"},
          "is not a command line"),
     ]
+    if Path("/usr/bin/python3").exists():
+        # an image whose own PYTHONPATH wins (Apptainer) and whose python has no course install
+        cases.append((container_env(run_root, data, rec, "--env", "PYTHONPATH=/nonexistent",
+                                    PYTHON="/usr/bin/python3"), "--env PYTHONPATH="))
     if hide_ok:
         cases += [
             # the check only looks python up: `sh` stands in for one outside the hidden repository
@@ -261,7 +265,7 @@ def _bad(root, data):
 def test_slurm_container_misconfigured_fails_in_one_line(batch, request):
     """Each container set wrong (under Slurm: the check is an srun step): the job FAILS with
     one `error:` line, which names the fix; without user namespaces (unshare -rm) the three
-    unbound-path cases are left out."""
+    unbound-path cases are left out, without /usr/bin/python3 the foreign-PYTHONPATH one."""
     jobs = batch[request.node.name]
     assert len(jobs) >= 6
     for job, needle in jobs:
@@ -322,7 +326,7 @@ IMAGE = os.environ.get("WELLFNO_TEST_IMAGE", "localhost/wellfno-course:cpu")
 def _podman_exec(image: str, paths: list[Path]) -> str:
     """CONTAINER_EXEC for podman, as slurm/site.env documents it, with the image's own PATH."""
     r = subprocess.run(["podman", "image", "inspect", "--format", "{{json .Config.Env}}", image],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=os.environ | _podman_env())
     env = dict(e.split("=", 1) for e in json.loads(r.stdout or "[]") or [] if "=" in e)
     image_path = env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     binds = " ".join(f"-v {p}:{p}" for p in paths)
@@ -330,14 +334,26 @@ def _podman_exec(image: str, paths: list[Path]) -> str:
             f"-w {REPO} {image}")
 
 
+def _podman_env() -> dict:
+    """The environment podman runs in: containers/containers.conf where this machine needs it
+    (the recipe's; CONTAINERS_CONF from the caller wins)."""
+    conf = REPO / "containers" / "containers.conf"
+    return {"CONTAINERS_CONF": str(conf)} if conf.exists() and "CONTAINERS_CONF" not in os.environ else {}
+
+
 @pytest.fixture(scope="module")
-def podman_image() -> str:
+def podman_image() -> tuple[str, str]:
+    """(the image, its python's name), or skip saying what is missing."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed (apt-get install podman); the stand-in tests above cover the job scripts")
-    r = subprocess.run(["podman", "image", "exists", IMAGE], capture_output=True, timeout=60)
+    env = os.environ | _podman_env()
+    r = subprocess.run(["podman", "image", "exists", IMAGE], capture_output=True, timeout=60, env=env)
     if r.returncode != 0:
         pytest.skip(f"no image {IMAGE} in podman (build it from containers/, or set WELLFNO_TEST_IMAGE)")
-    return IMAGE
+    r = subprocess.run(["podman", "run", "--rm", IMAGE, "sh", "-c", "command -v python || command -v python3"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip(), f"no python in {IMAGE}: {r.stdout}{r.stderr}"
+    return IMAGE, Path(r.stdout.split()[0]).name
 
 
 @pytest.mark.slow
@@ -345,12 +361,12 @@ def test_container_podman_stats_and_one_rank_training_equal_outside(podman_image
     """The job scripts with real podman and the course image (outside Slurm: one rank): 04_stats
     byte for byte and 05_ddp's one-rank valid_loss (within 1e-5: the image's torch may be
     another build) equal to the same jobs with this venv."""
+    image, python = podman_image
     runs_out, runs_in = tmp_path / "outside", tmp_path / "inside"
     runs_in.mkdir()
-    cexec = _podman_exec(podman_image, [REPO, tiny_data, runs_in])
-    env_in = job_env(runs_in, tiny_data, CONTAINER_EXEC=cexec)
+    cexec = _podman_exec(image, [REPO, tiny_data, runs_in])
+    env_in = job_env(runs_in, tiny_data, CONTAINER_EXEC=cexec, PYTHON=python, **_podman_env())
     env_in.pop("SITE_VENV")
-    env_in.pop("PYTHON", None)
     for script, args in (("04_stats.sbatch", ()), ("05_ddp.sbatch", TRAIN)):
         out = _bash_job(script, job_env(runs_out, tiny_data), *args)
         assert out.returncode == 0, out.stderr[-3000:]

@@ -13,9 +13,10 @@
 #  --hide DIR    DIR looks empty inside (a path not bound): a tmpfs over it, in a mount namespace
 #                of its own (unshare -rm, which needs user namespaces)
 #  --cd DIR      start in DIR (a runtime that does not start in the repository)
+#  --env N=V     set N=V over what the job passed (an image's own variable, Apptainer keeps it)
 set -euo pipefail
 
-out="" path="$PATH" clean=0 hide=() cd_to=""
+out="" path="$PATH" clean=0 hide=() cd_to="" setenv=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
@@ -23,6 +24,7 @@ while [ $# -gt 0 ]; do
     --clean-env) clean=1; shift ;;
     --hide) hide+=("$2"); shift 2 ;;
     --cd) cd_to="$2"; shift 2 ;;
+    --env) setenv+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -36,6 +38,7 @@ printf '%s\n' "$@" > "$tag.argv"
 env -0 > "$tag.env"
 
 [ -z "$cd_to" ] || cd "$cd_to"
+[ ${#setenv[@]} -eq 0 ] || export "${setenv[@]}"
 if [ "$clean" = 1 ]; then
   set -- env -i PATH="$path" HOME="${HOME:-/}" "$@"
 else
