@@ -26,7 +26,8 @@ The jobs, and what each proves (the first four join the session's `batch`, tests
 - two jobs of two `python -m wellfno.launch` steps at once: they never meet, no port reused.
 - 04_stats_2nodes and 05_ddp on 2 x 2 ranks with CONTAINER_EXEC (the stand-in runtime of
   tests/test_slurm_container.py): statistics bit for bit, DDP equal to one rank, every task
-  through the runtime on its own node.
+  through the runtime on its own node; the same two jobs with real podman and the course image
+  (containers/), where both are installed.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ from tests.test_slurm import (
     usable,
     wait,
 )
-from tests.test_slurm_container import assert_no_host_venv, container_env, program_calls, records
+from tests.test_slurm_container import (assert_no_host_venv, container_env, find_podman_image, podman_job_env,
+                                         program_calls, records)
 
 pytestmark = pytest.mark.slurm
 
@@ -248,6 +250,51 @@ def test_slurm_2nodes_container_ddp_equals_one_rank(two_nodes, batch, request):
                                      parameters(ref / "checkpoint.pt")) <= 1e-5
     metrics = json.loads((job.run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 4 and metrics["global_batch_size"] == 8
+
+
+@batched("test_slurm_2nodes_podman_stats_and_ddp_equal_outside", nodes=2, seconds=60)
+def _podman_two_nodes(root, data):
+    found = find_podman_image()
+    if isinstance(found, str):
+        return found
+    stats = sbatch("04_stats_2nodes.sbatch", env=podman_job_env(root / "stats", data, *found),
+                   run_root=root / "stats")
+    ddp = sbatch("05_ddp.sbatch", *TRAIN, env=podman_job_env(root / "ddp", data, *found),
+                 run_root=root / "ddp", sbatch_opts=["--nodes=2", "--ntasks-per-node=2"])
+    ref = root / "one_rank"
+    one_rank = subprocess.Popen(
+        [sys.executable, "solutions/05_ddp/fno.py", "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
+         "--batch-size", "8", "--seed", "0", "--bind", "none"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"OMP_NUM_THREADS": "1"},
+    )
+    return stats, ddp, one_rank, ref
+
+
+@pytest.mark.slow
+def test_slurm_2nodes_podman_stats_and_ddp_equal_outside(two_nodes, batch, request, serial_stats):  # noqa: F811
+    """With real podman and the course image (containers/; skipped without either): 04_stats_2nodes
+    (srun 2 x 2 and a torchrun per node) inside it, both stats.yaml byte for byte the serial
+    one outside; 05_ddp over 2 x 2 ranks inside it, its parameters equal to one rank with the
+    global batch outside (within 1e-5) and the same validation loss (within 1e-5)."""
+    got = batch.get(request.node.name)
+    if isinstance(got, str):
+        pytest.skip(got)
+    stats, ddp, one_rank, ref = got
+    out, _ = one_rank.communicate(timeout=600)
+    assert one_rank.returncode == 0, out[-4000:]
+    for job in (stats, ddp):
+        wait(job, timeout=600)
+        job.assert_completed()
+        assert "(in the container)" in (job.run_dir / "job.txt").read_text()
+    for name in ("stats.yaml", "stats_torchrun.yaml"):
+        assert (stats.run_dir / name).read_bytes() == serial_stats.read_bytes(), f"{name} differs from the serial one"
+    assert "Training on 4 rank(s) (srun, gloo backend, cpu)" in ddp.out.read_text()
+    assert worst_relative_difference(parameters(ddp.run_dir / "checkpoint.pt"),
+                                     parameters(ref / "checkpoint.pt")) <= 1e-5
+    inside = json.loads((ddp.run_dir / "metrics.json").read_text())["valid_loss"]
+    outside = json.loads((ref / "metrics.json").read_text())["valid_loss"]
+    assert math.isclose(inside, outside, rel_tol=1e-5), (inside, outside)
 
 
 # --------------------------------------------------------------------------- training

@@ -341,19 +341,35 @@ def _podman_env() -> dict:
     return {"CONTAINERS_CONF": str(conf)} if conf.exists() and "CONTAINERS_CONF" not in os.environ else {}
 
 
-@pytest.fixture(scope="module")
-def podman_image() -> tuple[str, str]:
-    """(the image, its python's name), or skip saying what is missing."""
+def find_podman_image() -> tuple[str, str] | str:
+    """(the image, its python's name), or why there is none (a skip's reason)."""
     if shutil.which("podman") is None:
-        pytest.skip("podman is not installed (apt-get install podman); the stand-in tests above cover the job scripts")
+        return "podman is not installed (apt-get install podman); the stand-in tests cover the job scripts"
     env = os.environ | _podman_env()
     r = subprocess.run(["podman", "image", "exists", IMAGE], capture_output=True, timeout=60, env=env)
     if r.returncode != 0:
-        pytest.skip(f"no image {IMAGE} in podman (build it from containers/, or set WELLFNO_TEST_IMAGE)")
+        return f"no image {IMAGE} in podman (build it from containers/, or set WELLFNO_TEST_IMAGE)"
     r = subprocess.run(["podman", "run", "--rm", IMAGE, "sh", "-c", "command -v python || command -v python3"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.strip(), f"no python in {IMAGE}: {r.stdout}{r.stderr}"
     return IMAGE, Path(r.stdout.split()[0]).name
+
+
+def podman_job_env(run_root: Path, data: Path, image: str, python: str) -> dict:
+    """job_env with real podman as CONTAINER_EXEC (RUN_ROOT created: podman -v needs it)."""
+    run_root.mkdir(parents=True, exist_ok=True)
+    env = job_env(run_root, data, CONTAINER_EXEC=_podman_exec(image, [REPO, data, run_root]),
+                  PYTHON=python, **_podman_env())
+    env.pop("SITE_VENV")
+    return env
+
+
+@pytest.fixture(scope="module")
+def podman_image() -> tuple[str, str]:
+    found = find_podman_image()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
 
 
 @pytest.mark.slow
@@ -361,12 +377,8 @@ def test_container_podman_stats_and_one_rank_training_equal_outside(podman_image
     """The job scripts with real podman and the course image (outside Slurm: one rank): 04_stats
     byte for byte and 05_ddp's one-rank valid_loss (within 1e-5: the image's torch may be
     another build) equal to the same jobs with this venv."""
-    image, python = podman_image
     runs_out, runs_in = tmp_path / "outside", tmp_path / "inside"
-    runs_in.mkdir()
-    cexec = _podman_exec(image, [REPO, tiny_data, runs_in])
-    env_in = job_env(runs_in, tiny_data, CONTAINER_EXEC=cexec, PYTHON=python, **_podman_env())
-    env_in.pop("SITE_VENV")
+    env_in = podman_job_env(runs_in, tiny_data, *podman_image)
     for script, args in (("04_stats.sbatch", ()), ("05_ddp.sbatch", TRAIN)):
         out = _bash_job(script, job_env(runs_out, tiny_data), *args)
         assert out.returncode == 0, out.stderr[-3000:]
