@@ -2,7 +2,8 @@
 #     . "${WELLFNO_ROOT:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh"
 # Provides: site settings (slurm/site.env) with checks, the software environment,
 # RUN_DIR (one folder per job), SRUN_CPUS_PER_TASK / OMP_NUM_THREADS, DEVICE,
-# and `launch [srun options] -- command` / `launch_gpu ...` (plain run outside Slurm).
+# and `launch [srun options] -- command` / `launch_gpu ...` (plain run outside Slurm),
+# through CONTAINER_EXEC (slurm/site.env) when the programs run inside a container.
 # Bad settings end the job with one line `error: ...` and exit status 2.
 set -euo pipefail
 
@@ -45,7 +46,36 @@ if [ -n "${SITE_VENV:-}" ]; then
   set +u; . "$SITE_VENV/bin/activate"; set -u
 fi
 PYTHON="${PYTHON:-python}"
-command -v "$PYTHON" >/dev/null 2>&1 || wf_die "'$PYTHON' not found after loading the environment; check SITE_MODULES/SITE_VENV in slurm/site.env"
+# --- a container (CONTAINER_EXEC in slurm/site.env) -----------------------------
+# Every program of the job runs as `srun [options] [gpu_select.sh] CONTAINER_EXEC program`:
+# srun and slurm/gpu_select.sh stay on the host, so the rank variables and the GPU selection
+# are Slurm's as without a container; the runtime hands them to the program (podman's
+# --env-host, Apptainer's default). The python is the image's, found on the image's PATH.
+_wf_cexec=()
+if [ -n "${CONTAINER_EXEC:-}" ]; then
+  # expanded here, when every setting is known (site.env writes it in single quotes)
+  eval "_wf_cexec=($CONTAINER_EXEC)" 2>/dev/null \
+    || wf_die "CONTAINER_EXEC in slurm/site.env is not a command line: $CONTAINER_EXEC"
+  [ ${#_wf_cexec[@]} -gt 0 ] || wf_die "CONTAINER_EXEC in slurm/site.env is blank; leave it empty for no container"
+  command -v "${_wf_cexec[0]}" >/dev/null 2>&1 \
+    || wf_die "CONTAINER_EXEC: '${_wf_cexec[0]}' not found on $(hostname -s); load it in SITE_MODULES or SITE_SETUP (slurm/site.env)"
+  [ -z "${SITE_VENV:-}" ] || wf_die "SITE_VENV=$SITE_VENV and CONTAINER_EXEC are both set; the container's python never sees a host venv: set SITE_VENV= (or PYTHON= a python inside the image) in slurm/site.env"
+  # A venv the job was submitted from (sbatch exports the environment) must not leak in:
+  # podman's --env-host would carry VIRTUAL_ENV and its bin/ on PATH into the image.
+  if [ -n "${VIRTUAL_ENV:-}" ]; then
+    PATH="$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$VIRTUAL_ENV/bin" | paste -sd: -)"
+    export PATH
+    unset VIRTUAL_ENV
+  fi
+  # The course's packages come from the bound repository, whatever the image installed (an
+  # editable install of another copy, e.g. at /course, or none): participants' edits are seen.
+  export PYTHONPATH="$WELLFNO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  # a token the start-of-job check looks for inside: the job's environment arrived
+  WELLFNO_CONTAINER_MARK="${SLURM_JOB_ID:-local}-$$-$RANDOM"
+  export WELLFNO_CONTAINER_MARK
+else
+  command -v "$PYTHON" >/dev/null 2>&1 || wf_die "'$PYTHON' not found after loading the environment; check SITE_MODULES/SITE_VENV in slurm/site.env"
+fi
 cd "$WELLFNO_ROOT"
 
 # --- CPUs and threads ----------------------------------------------------------
@@ -86,6 +116,54 @@ if [ "$GPU_VENDOR" = amd ]; then
   export ROCFFT_RTC_CACHE_PATH="${ROCFFT_RTC_CACHE_PATH:-$_wf_cache/rocfft_rtc_cache.db}"
 fi
 
+# _wf_run [srun options...] -- command: srun in a Slurm job, else the command once.
+_wf_run() {
+  local opts=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  [ "${1:-}" = "--" ] || wf_die "launch: missing '--' before the command"
+  shift
+  if [ -n "${SLURM_JOB_ID:-}" ] && command -v srun >/dev/null 2>&1; then
+    srun "${opts[@]}" "$@"
+  else
+    "$@"
+  fi
+}
+# _wf_container_check: one srun step, one task per node, inside the container: the job's
+# environment arrived, the repository (as the working directory), WELL_DATA and RUN_DIR are
+# there at the same paths, python is found and imports the course's packages from the repository. Each failure is one `error:` line naming the fix
+# (exit 2). Sets _wf_python_is to the python's path inside.
+_wf_container_check() {
+  local has_data=0 out rc=0
+  [ -d "$WELL_DATA/datasets" ] && has_data=1     # 00_baseline may still have to generate it
+  # POSIX sh and its built-ins only: the image may have no bash, its PATH may be wrong.
+  # Exit 3 = a check failed and said so.
+  local check='mark=$1 root=$2 data=$3 has_data=$4 run=$5 py=$6 bad=0
+say() { echo "error: $*" >&2; bad=1; }
+[ "${WELLFNO_CONTAINER_MARK:-}" = "$mark" ] || say "the job'"'"'s environment does not reach the container (WELLFNO_CONTAINER_MARK is not set inside): podman and podman-hpc need --env-host in CONTAINER_EXEC; for Apptainer leave out --cleanenv/--containall (slurm/site.env)"
+if [ ! -f "$root/slurm/common.sh" ]; then
+  say "the repository $root is not visible inside the container: bind it at the same path in CONTAINER_EXEC (apptainer --bind $root; podman -v $root:$root)"
+elif [ "$(pwd -P)" != "$(cd "$root" && pwd -P)" ]; then
+  say "the container starts in $(pwd), not in the repository $root: add -w $root (podman) or --pwd $root (apptainer) to CONTAINER_EXEC"
+fi
+[ "$has_data" = 0 ] || [ -d "$data/datasets" ] || say "WELL_DATA=$data is not visible inside the container: bind it at the same path in CONTAINER_EXEC (apptainer --bind $data; podman -v $data:$data)"
+{ [ -d "$run" ] && [ -w "$run" ]; } || say "the run folder $run is not writable inside the container: bind RUN_ROOT at the same path in CONTAINER_EXEC (apptainer --bind ${run%/*}; podman -v ${run%/*}:${run%/*})"
+p=$(command -v "$py" 2>/dev/null) || say "$py not found inside the container (PATH=$PATH): podman needs --env PATH=<the image PATH> in CONTAINER_EXEC (on podman 4.x --env-host replaces it), or set PYTHON= in slurm/site.env to the image python"
+if [ "$bad" = 0 ]; then
+  # from / : `python -c` would find the package in the working directory, a script run does not
+  w=$(cd / && "$p" -c "import os, wellfno; print(os.path.dirname(os.path.realpath(wellfno.__file__)))" 2>/dev/null) || w=""
+  [ "$w" = "$(cd "$root" && pwd -P)/wellfno" ] || say "$p inside the container imports the course package wellfno from ${w:-nowhere}, not from the repository $root: the job sets PYTHONPATH=$root, which must reach it (an image that sets its own PYTHONPATH wins under Apptainer: add --env PYTHONPATH=$root to CONTAINER_EXEC)"
+fi
+[ "$bad" = 0 ] || exit 3
+echo "python=$p"'
+  out="$(_wf_run --ntasks="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 -- \
+          "${_wf_cexec[@]}" /bin/sh -c "$check" wellfno-container-check "$WELLFNO_CONTAINER_MARK" \
+          "$WELLFNO_ROOT" "$WELL_DATA" "$has_data" "$RUN_DIR" "$PYTHON")" || rc=$?
+  if [ "$rc" -eq 3 ]; then exit 2; fi
+  [ "$rc" -eq 0 ] || wf_die "the container did not run the check (exit $rc): see the message above; check the runtime and the image in CONTAINER_EXEC (slurm/site.env)"
+  _wf_python_is="$(printf '%s\n' "$out" | sed -n 's/^python=//p' | head -n1)"
+  [ -n "$_wf_python_is" ] || wf_die "the container's check printed no python path (its output: ${out:-nothing}); check CONTAINER_EXEC in slurm/site.env"
+}
+
 # --- one run folder per job ----------------------------------------------------
 if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then  # a job array: one folder for all its tasks
   RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME:-job}-$SLURM_ARRAY_JOB_ID"
@@ -104,10 +182,12 @@ if [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null 2>&1; then
   [ -n "${_wf_out:-}" ] && [ -e "$_wf_out" ] && ln -sfn "$_wf_out" "$RUN_DIR/slurm${_wf_task}.out"
   [ -n "${_wf_err:-}" ] && [ "$_wf_err" != "${_wf_out:-}" ] && [ -e "$_wf_err" ] && ln -sfn "$_wf_err" "$RUN_DIR/slurm${_wf_task}.err"
 fi
+_wf_python_is="$(command -v "$PYTHON" || true)"
+if [ ${#_wf_cexec[@]} -gt 0 ]; then _wf_container_check; _wf_python_is="$_wf_python_is (in the container)"; fi
 {
   echo "job ${SLURM_JOB_NAME:-local} ${SLURM_JOB_ID:-} on $(hostname -s) at $(date -Is)"
-  echo "nodes=${SLURM_JOB_NUM_NODES:-1} ntasks=${SLURM_NTASKS:-1} cpus_per_task=${SLURM_CPUS_PER_TASK:-} gpu_vendor=$GPU_VENDOR device=$DEVICE job_gpus=${SLURM_JOB_GPUS:--}"
-  echo "data=$DATASET_DIR run_dir=$RUN_DIR python=$(command -v "$PYTHON")"
+  echo "nodes=${SLURM_JOB_NUM_NODES:-1} ntasks=${SLURM_NTASKS:-1} cpus_per_task=${SLURM_CPUS_PER_TASK:-} gpu_vendor=$GPU_VENDOR device=$DEVICE job_gpus=${SLURM_JOB_GPUS:--}${CONTAINER_EXEC:+ container=yes}"
+  echo "data=$DATASET_DIR run_dir=$RUN_DIR python=$_wf_python_is"
 } | tee "$RUN_DIR/job${_wf_task}.txt"
 
 # --- launching -----------------------------------------------------------------
@@ -120,22 +200,16 @@ if [ -n "${WELLFNO_PROBE:-}" ]; then
   mkdir -p "$WELLFNO_PROBE"
   _wf_probe=("$PYTHON" "$WELLFNO_ROOT/slurm/ci/probe_task.py")
 fi
-_wf_run() {
-  local opts=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
-  [ "${1:-}" = "--" ] || wf_die "launch: missing '--' before the command"
-  shift
-  if [ -n "${SLURM_JOB_ID:-}" ] && command -v srun >/dev/null 2>&1; then
-    srun "${opts[@]}" "$@"
-  else
-    "$@"
-  fi
-}
 launch() {
   local opts=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
   shift
-  _wf_run "${opts[@]}" -- "${_wf_probe[@]}" "$@"
+  _wf_run "${opts[@]}" -- "${_wf_cexec[@]}" "${_wf_probe[@]}" "$@"
+}
+# in_container command [args...]: a command of the batch shell itself (no srun), in the
+# container when there is one, e.g. a summary that needs the course's python packages.
+in_container() {
+  "${_wf_cexec[@]}" "$@"
 }
 # launch_gpu: launch with one GPU per task on GPU sites, plain launch on CPU sites.
 # A GPU site's job that was submitted without GPUs stops here with the command that works.
@@ -150,7 +224,7 @@ launch_gpu() {
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
   shift
   _wf_need_gpu
-  _wf_run "${GPU_SRUN_FLAGS[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "${_wf_probe[@]}" "$@"
+  _wf_run "${GPU_SRUN_FLAGS[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "${_wf_cexec[@]}" "${_wf_probe[@]}" "$@"
 }
 # launch_ddp [srun options...] -- command: data-parallel training, one task per GPU, every task
 # seeing all the job's GPUs on its node. Per-task binding (--gpus-per-task, --gpu-bind=per_task
@@ -172,7 +246,7 @@ launch_ddp() {
   local per_node=()
   [ -n "${SLURM_GPUS_ON_NODE:-}" ] && per_node=(--gpus-per-node="${GPU_TYPE:+$GPU_TYPE:}$SLURM_GPUS_ON_NODE")
   ( unset SLURM_GPUS_PER_TASK SLURM_GPU_BIND
-    _wf_run "${per_node[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "${_wf_probe[@]}" "$@" )
+    _wf_run "${per_node[@]}" "${opts[@]}" -- "${GPU_WRAP[@]}" "${_wf_cexec[@]}" "${_wf_probe[@]}" "$@" )
 }
 # launch_torchrun [srun options...] -- script.py [args...]
 # One torchrun per node (srun --ntasks-per-node=1), SLURM_NTASKS_PER_NODE workers

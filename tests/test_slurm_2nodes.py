@@ -24,6 +24,10 @@ The jobs, and what each proves (the first four join the session's `batch`, tests
   06_exact_metrics.sbatch --resume on the node left (while the lost node restarts): the fault;
 - srun -N 2 with rank 1 sent to a closed port (--timeout 5): one line per rank within it;
 - two jobs of two `python -m wellfno.launch` steps at once: they never meet, no port reused.
+- 04_stats_2nodes and 05_ddp on 2 x 2 ranks with CONTAINER_EXEC (the stand-in runtime of
+  tests/test_slurm_container.py): statistics bit for bit, DDP equal to one rank, every task
+  through the runtime on its own node; the same two jobs with real podman and the course image
+  (containers/), where both are installed.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ from tests.test_slurm import (
     usable,
     wait,
 )
+from tests.test_slurm_container import (assert_no_host_venv, container_env, find_podman_image, podman_job_env,
+                                         program_calls, records)
 
 pytestmark = pytest.mark.slurm
 
@@ -180,6 +186,115 @@ def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(
         rf"^torchrun: nnodes=2 nproc_per_node=2 rendezvous={first}:\d+$", log, re.M
     ), log
     assert "4 rank(s) (torchrun, gloo)" in log and "4 rank(s) (srun, gloo)" in log, log
+
+
+# --------------------------------------------------------------------------- inside a container
+# The same two-node runs with CONTAINER_EXEC (slurm/site.env) set to the stand-in runtime
+# (tests/container_standin/record_exec.sh; tests/test_slurm_container.py has the one-node jobs).
+@batched("test_slurm_2nodes_container_stats_bit_for_bit", nodes=2, seconds=20)
+def _stats_in_container(root, data):
+    run_root, rec = root / "runs", root / "records"
+    return sbatch("04_stats_2nodes.sbatch", env=container_env(run_root, data, rec), run_root=run_root), rec
+
+
+def test_slurm_2nodes_container_stats_bit_for_bit(two_nodes, batch, request, serial_stats):  # noqa: F811
+    """04_stats_2nodes with every task inside the container: srun's 2 x 2 tasks and the torchrun of
+    each node went through the runtime on their own node, the start-of-job check once per node;
+    both stats.yaml byte for byte the serial stats.py's."""
+    job, rec = batch[request.node.name]
+    wait(job, timeout=600)
+    job.assert_completed()
+    for name in ("stats.yaml", "stats_torchrun.yaml"):
+        assert (job.run_dir / name).read_bytes() == serial_stats.read_bytes(), f"{name} differs from the serial one"
+    recs = records(rec)
+    checks = [r for r in recs if r["argv"][:2] == ["/bin/sh", "-c"]]
+    assert sorted(r["env"]["SLURMD_NODENAME"] for r in checks) == sorted(two_nodes)
+    ranks = [r for r in program_calls(recs, "stats.py") if r["argv"][0] == "python"]
+    assert sorted((r["env"]["SLURMD_NODENAME"], r["env"]["SLURM_PROCID"]) for r in ranks) == [
+        (two_nodes[0], "0"), (two_nodes[0], "1"), (two_nodes[1], "2"), (two_nodes[1], "3")]
+    agents = [r for r in recs if r["argv"][:3] == ["env", "-u", "SLURM_PROCID"]]
+    assert sorted(r["env"]["SLURMD_NODENAME"] for r in agents) == sorted(two_nodes)
+    assert "4 rank(s) (torchrun, gloo)" in job.out.read_text() + job.err.read_text()
+    assert_no_host_venv(recs)
+
+
+@batched("test_slurm_2nodes_container_ddp_equals_one_rank", nodes=2, seconds=35)
+def _ddp_in_container(root, data):
+    run_root, rec = root / "runs", root / "records"
+    job = sbatch("05_ddp.sbatch", *TRAIN, env=container_env(run_root, data, rec), run_root=run_root,
+                 sbatch_opts=["--nodes=2", "--ntasks-per-node=2"])
+    ref = root / "one_rank"
+    one_rank = subprocess.Popen(
+        [sys.executable, "solutions/05_ddp/fno.py", "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
+         "--batch-size", "8", "--seed", "0", "--bind", "none"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"OMP_NUM_THREADS": "1"},
+    )
+    return job, rec, one_rank, ref
+
+
+def test_slurm_2nodes_container_ddp_equals_one_rank(two_nodes, batch, request):
+    """05_ddp over 2 nodes x 2 ranks, every rank inside the container: ranks 0, 1 on the first node
+    and 2, 3 on the second went through the runtime with their Slurm ranks; after 3 steps the
+    parameters equal one rank with the global batch (within 1e-5, as the two-node test above)."""
+    job, rec, one_rank, ref = batch[request.node.name]
+    out, _ = one_rank.communicate(timeout=600)
+    assert one_rank.returncode == 0, out[-4000:]
+    wait(job, timeout=600)
+    job.assert_completed()
+    assert "Training on 4 rank(s) (srun, gloo backend, cpu)" in job.out.read_text()
+    ranks = program_calls(records(rec), "solutions/05_ddp/fno.py")
+    assert sorted((r["env"]["SLURMD_NODENAME"], r["env"]["SLURM_PROCID"]) for r in ranks) == [
+        (two_nodes[0], "0"), (two_nodes[0], "1"), (two_nodes[1], "2"), (two_nodes[1], "3")]
+    assert worst_relative_difference(parameters(job.run_dir / "checkpoint.pt"),
+                                     parameters(ref / "checkpoint.pt")) <= 1e-5
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 4 and metrics["global_batch_size"] == 8
+
+
+@batched("test_slurm_2nodes_podman_stats_and_ddp_equal_outside", nodes=2, seconds=60)
+def _podman_two_nodes(root, data):
+    found = find_podman_image()
+    if isinstance(found, str):
+        return found
+    stats = sbatch("04_stats_2nodes.sbatch", env=podman_job_env(root / "stats", data, *found),
+                   run_root=root / "stats")
+    ddp = sbatch("05_ddp.sbatch", *TRAIN, env=podman_job_env(root / "ddp", data, *found),
+                 run_root=root / "ddp", sbatch_opts=["--nodes=2", "--ntasks-per-node=2"])
+    ref = root / "one_rank"
+    one_rank = subprocess.Popen(
+        [sys.executable, "solutions/05_ddp/fno.py", "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
+         "--batch-size", "8", "--seed", "0", "--bind", "none"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"OMP_NUM_THREADS": "1"},
+    )
+    return stats, ddp, one_rank, ref
+
+
+@pytest.mark.slow
+def test_slurm_2nodes_podman_stats_and_ddp_equal_outside(two_nodes, batch, request, serial_stats):  # noqa: F811
+    """With real podman and the course image (containers/; skipped without either): 04_stats_2nodes
+    (srun 2 x 2 and a torchrun per node) inside it, both stats.yaml byte for byte the serial
+    one outside; 05_ddp over 2 x 2 ranks inside it, its parameters equal to one rank with the
+    global batch outside (within 1e-5) and the same validation loss (within 1e-5)."""
+    got = batch.get(request.node.name)
+    if isinstance(got, str):
+        pytest.skip(got)
+    stats, ddp, one_rank, ref = got
+    out, _ = one_rank.communicate(timeout=600)
+    assert one_rank.returncode == 0, out[-4000:]
+    for job in (stats, ddp):
+        wait(job, timeout=600)
+        job.assert_completed()
+        assert "(in the container)" in (job.run_dir / "job.txt").read_text()
+    for name in ("stats.yaml", "stats_torchrun.yaml"):
+        assert (stats.run_dir / name).read_bytes() == serial_stats.read_bytes(), f"{name} differs from the serial one"
+    assert "Training on 4 rank(s) (srun, gloo backend, cpu)" in ddp.out.read_text()
+    assert worst_relative_difference(parameters(ddp.run_dir / "checkpoint.pt"),
+                                     parameters(ref / "checkpoint.pt")) <= 1e-5
+    inside = json.loads((ddp.run_dir / "metrics.json").read_text())["valid_loss"]
+    outside = json.loads((ref / "metrics.json").read_text())["valid_loss"]
+    assert math.isclose(inside, outside, rel_tol=1e-5), (inside, outside)
 
 
 # --------------------------------------------------------------------------- training
