@@ -28,7 +28,11 @@ else
   (cd "$repo" && cp -r --parents -t "$ctx" "${paths[@]}")
 fi
 mapfile -t mounts < <(python3 "$here/hostpip.py" "$ctx/containers/pip.env")
-echo "build: $IMAGE on $BASE"
-podman build --network host -t "$IMAGE" --build-arg BASE="$BASE" "${mounts[@]}" \
+# The context's digest: a build step's cache does not look into what it mounts, this does
+# (requirements.txt or the packages changed: the install runs again).
+digest=$(cd "$ctx" && find . -type f ! -name pip.env -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+echo "build: $IMAGE on $BASE (context $digest)"
+podman build --network host -t "$IMAGE" --build-arg BASE="$BASE" --build-arg CONTEXT="$digest" \
+  "${mounts[@]}" \
   -f "$ctx/containers/Containerfile" "$ctx"
 podman run --rm --network none -v "$repo:/course" "$IMAGE" wellfno-container-check
