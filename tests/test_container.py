@@ -204,7 +204,6 @@ def test_an_old_torch_is_one_line(image, course, tmp_path):
     (["--device", "/dev/null:/dev/kfd"], "AMD GPU (/dev/kfd)"),
     (["-e", "ROCR_VISIBLE_DEVICES=0"], "AMD GPU (ROCR_VISIBLE_DEVICES=0)"),
 ])
-@container
 def test_a_gpu_torch_does_not_see_is_one_line(image, course, options, needle):
     """A GPU node's device files (or Slurm's GPU selection) but torch sees no GPU: with this
     CPU-only torch, the fix is the image's base."""
@@ -218,7 +217,6 @@ def test_a_gpu_torch_does_not_see_is_one_line(image, course, options, needle):
     ({"cuda": "12.4"}, "/dev/nvidia0", "apptainer exec --nv"),
     ({"hip": "6.2"}, "/dev/kfd", "apptainer exec --rocm"),
 ])
-@container
 def test_a_gpu_build_started_without_its_gpu_is_one_line(image, course, tmp_path, build, device,
                                                          flag):
     """A GPU build of torch that sees no GPU: the container was started without it."""
