@@ -2,6 +2,11 @@
 # Everything else here is what those two need.
 SHELL := /bin/bash
 PYTHON ?= python3
+# Inside the course's container image (containers/): its venv, made when the image was built
+# (containers/install-course.sh); `make venv` there installs nothing.
+ifdef WELLFNO_CONTAINER_VENV
+VENV := $(WELLFNO_CONTAINER_VENV)
+endif
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU/CUDA wheel from PyPI; a site can point this at its own build or index.
@@ -14,7 +19,7 @@ OLDEST_VENV ?= .venv-oldest
 DATA_DIR ?= $(if $(WELL_DATA),$(WELL_DATA),./data)
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test test-matrix test-fast test-oldest test-newest venv venv-oldest device-wheels data clean help results
+.PHONY: demo test test-matrix test-fast test-oldest test-newest test-container venv venv-oldest device-wheels data clean help results
 
 help:
 	@echo "make demo   set up .venv, generate the embedded dataset, train the baseline"
@@ -23,10 +28,16 @@ help:
 	@echo "make test-fast  the suite without slow and Slurm tests (1-2 minutes on 2 cores)"
 	@echo "make test-oldest  the oldest supported torch's checks ($(OLDEST_TORCH_SPEC) in $(OLDEST_VENV); make venv-oldest)"
 	@echo "make test-newest  the same checks on the newest torch wheel ($(NEWEST_TORCH_SPEC) in $(NEWEST_VENV))"
+	@echo "make test-container  build the course's container image (podman) and run the course inside it"
 	@echo "make data   only generate the embedded dataset (DATA_DIR=$(DATA_DIR))"
 	@echo "make results  re-measure every results/*.json the docs quote, then regenerate their tables (ONLY=\"name ...\" for some)"
 
+ifdef WELLFNO_CONTAINER_VENV
+venv:
+	@[ -f $(VENV)/.installed ] || { echo "error: WELLFNO_CONTAINER_VENV=$(VENV) is not the course image's venv (no $(VENV)/.installed): run make in the course's container (containers/), or unset WELLFNO_CONTAINER_VENV"; exit 2; }
+else
 venv: $(VENV)/.installed
+endif
 
 # Reuse an importable torch (e.g. `module load pytorch` on a cluster, a ROCm or
 # CUDA build) through --system-site-packages; otherwise install $(TORCH_SPEC).
@@ -78,8 +89,9 @@ demo: venv
 XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 # Then the oldest supported torch's leg, where its venv exists (CI makes it: .ci/run).
+# The container tests (pytest -m container) are a leg of their own: make test-container.
 test: venv
-	$(PY) -m pytest -q $(XDIST) --durations=25 tests
+	$(PY) -m pytest -q $(XDIST) --durations=25 -m "not container" tests
 	@if [ -x $(OLDEST_VENV)/bin/python ]; then $(MAKE) --no-print-directory test-oldest; \
 	else echo "(the oldest supported torch's leg skipped: make venv-oldest makes $(OLDEST_VENV))"; fi
 
@@ -94,7 +106,7 @@ venv-oldest:
 
 OLDEST_TESTS ?= tests/test_nccl_seam.py tests/test_oldest_torch.py tests/test_ddp_complex.py
 test-oldest: venv-oldest
-	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm" tests
+	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm and not container" tests
 	$(OLDEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider $(OLDEST_TESTS)
 
 # The newest torch wheel (INSTRUCTORS.md's version table): the oldest leg's tests in a venv of its
@@ -105,16 +117,25 @@ NEWEST_VENV ?= .venv-newest
 test-newest:
 	@[ -x $(NEWEST_VENV)/bin/python ] || $(PYTHON) -m venv $(NEWEST_VENV)
 	$(MAKE) --no-print-directory venv VENV=$(NEWEST_VENV) TORCH_SPEC=$(NEWEST_TORCH_SPEC)
-	$(NEWEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm" tests
+	$(NEWEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not slow and not slurm and not container" tests
 	$(NEWEST_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider $(OLDEST_TESTS)
 
 # Every earlier step's checks on every later solution (make test: each on its own solution).
 test-matrix: venv
-	WELLFNO_FULL_MATRIX=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
+	WELLFNO_FULL_MATRIX=1 $(PY) -m pytest -q $(XDIST) --durations=25 -m "not container" tests
 
 # Everything but the `slow` (process groups, resume after a kill, notebooks) and `slurm` tests.
+FAST_TESTS ?= tests
 test-fast: venv
-	$(PY) -m pytest -q $(XDIST) -m "not slow and not slurm" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not slurm and not container" $(FAST_TESTS)
+
+# The course's container image built from containers/ (podman, as root), and the course run inside
+# it: make demo's training, make test-fast, the day-0 check's dry run, and each setup mistake's one
+# line (tests/test_container.py). Skipped, saying so, where podman is absent; CI installs it
+# (.ci/run). CONTAINER_FAST_TESTS: the tests make test-fast runs inside (all of them: CI).
+CONTAINER_FAST_TESTS ?= tests
+test-container: venv
+	CONTAINER_FAST_TESTS="$(CONTAINER_FAST_TESTS)" $(PY) -m pytest -q -p no:xdist -m container -rs tests/test_container.py
 
 # Every number the READMEs and INSTRUCTORS.md quote, measured again on this machine (run it idle: a
 # line warns when the load is above the CPUs, and each file records the load at its start and end),
