@@ -5,7 +5,8 @@
 CI's pip finds its wheels through its configuration (`pip config list`: find-links, file://
 indexes, a constraints file, a CA bundle for the network's TLS proxy), none of which the image
 has. ENVFILE gets those settings as PIP_* variables (a build step sources it); each local path
-they name is mounted read-only at the same path, for that step only: nothing stays in the image.
+they name is mounted read-only under /run/wellfno-host (the same path below it), for the build
+only: nothing stays in the image.
 """
 from __future__ import annotations
 
@@ -36,24 +37,34 @@ def settings() -> dict[str, str]:
     return {name: value for name, (_, value) in found.items()}
 
 
-def local_paths(value: str) -> list[Path]:
-    paths = []
-    for part in value.split():
-        path = Path(part[len("file://"):] if part.startswith("file://") else part)
-        if path.is_absolute() and path.exists():
-            paths.append(path.parent if path.name == "simple" and path.is_dir() else path)
-    return paths
+# Where the host's paths appear in the build step: under a folder of their own, never at their own
+# path, since a file mounted over the image's own (the CA bundle at /etc/ssl/certs) cannot be
+# replaced by the image's packages (ca-certificates' postinst: "Device or resource busy").
+INSIDE = "/run/wellfno-host"
+
+
+def local_path(part: str) -> Path | None:
+    """The local file or folder a pip setting's word names (file:// URLs: the index's folder)."""
+    path = Path(part[len("file://"):] if part.startswith("file://") else part)
+    if path.is_absolute() and path.exists():
+        return path.parent if path.name == "simple" and path.is_dir() else path
+    return None
 
 
 def main(envfile: str) -> None:
-    found = settings()
     mounts: list[Path] = []
     with open(envfile, "w") as f:
-        for name, value in found.items():
-            f.write(f"export PIP_{name.upper().replace('-', '_')}={shlex.quote(value)}\n")
-            mounts += local_paths(value)
+        for name, value in settings().items():
+            words = []
+            for part in value.split():
+                path = local_path(part)
+                if path is not None:
+                    mounts.append(path)
+                    part = part.replace(str(path), INSIDE + str(path), 1)
+                words.append(part)
+            f.write(f"export PIP_{name.upper().replace('-', '_')}={shlex.quote(' '.join(words))}\n")
     for path in dict.fromkeys(mounts):
-        print(f"--volume={path}:{path}:ro")
+        print(f"--volume={path}:{INSIDE}{path}:ro")
 
 
 if __name__ == "__main__":
