@@ -19,6 +19,13 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
   12 frames), which is what `fno.py` and every README command read by default; every process
   has OMP_NUM_THREADS=1. A README keeps its runs short by its own flags (`--max-steps`,
   `--seconds 1 --repeats 1`), which suit a participant's laptop too.
+- `<!-- ci: printed by the bash block above -->` just above an output fence: that fence is what
+  the nearest bash block above it prints, compared by `mismatch`: lines of the machine (host=...,
+  torchrun's own log lines, progress bars) are dropped from both, speeds masked (samples/s, times
+  in s and ms, available RAM, measured peak MB, the GFLOP/s and MFU line), and a line `[...]`
+  in the README stands for any number of printed lines. A README whose output was made on the
+  tiny set makes it in its block (`.venv/bin/python -m wellfno.grayscott --data-dir data_tiny
+  --size tiny`) and passes `--data-dir data_tiny`; data_tiny is deleted before each README runs.
 - A block that fails (or a `fails` block that succeeds) fails the test with one line: the
   README, the block's line, its exit status and its last line of output.
 
@@ -100,6 +107,118 @@ def bash_blocks(readme: Path) -> list[dict]:
                            kind=marker.group("kind") if marker else "run"))
         i += 1
     return blocks
+
+
+PRINTED = "<!-- ci: printed by the bash block above -->"
+OUTPUT_FENCE = re.compile(r"^(?P<indent> *)```\s*$")
+# lines that depend on the machine, not on the command: dropped from both sides before comparing
+MACHINE_LINE = re.compile(
+    r"^host="                                    # the node's name, its cores and GPUs
+    r"|^[WIE]\d{4} \d\d:\d\d:\d\d"               # torchrun's own log lines
+    r"|^\*{10,}$|^Setting OMP_NUM_THREADS"        # torchrun's notice about OMP_NUM_THREADS
+    r"|^\S[^|]*:\s+\d+%\|"                        # a progress bar (tqdm), at any point of it
+)
+# numbers that depend on the machine's speed or size: masked to `#` on both sides
+SPEED = [
+    (re.compile(r"\d[\d.,]*(?= samples/s)"), "#"),
+    (re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms)\b"), "# s"),
+    (re.compile(r"(available RAM: )[\d.]+ GB"), r"\1# GB"),
+    (re.compile(r"\d[\d.,]* ?(?:MB|MiB|GB|GiB)(?=.*\bpeak\b)|(?<=peak)[^\d\n]*\d[\d.,]*"
+                r"(?= ?(?:MB|MiB|GB|GiB))"), "#"),
+]
+GFLOP_LINE = re.compile(r"^\S+ GFLOP/s achieved; MFU \S+ of .*$")
+
+
+def comparable(line: str) -> str | None:
+    """A line of output as the comparison sees it: None for a machine's line, speeds masked."""
+    line = line.rstrip()
+    if not line.strip() or MACHINE_LINE.search(line):
+        return None
+    if GFLOP_LINE.match(line):  # the speed, and the machine's name and cores its peak is for
+        return "# GFLOP/s achieved; MFU #% of (this machine)"
+    for pattern, mask in SPEED:
+        line = pattern.sub(mask, line)
+    return line
+
+
+def mismatch(expected: str, got: str) -> str | None:
+    """None when `got` prints what `expected` shows, else the first line that differs.
+
+    Both sides go through `comparable`; a line `[...]` in `expected` stands for any number of
+    lines of `got` (none included)."""
+    want = [line.strip() if line.strip() == "[...]" else comparable(line)
+            for line in expected.splitlines()]
+    want = [line for line in want if line is not None]
+    have = [c for c in map(comparable, got.splitlines()) if c is not None]
+
+    def match(i: int, j: int) -> bool:
+        while i < len(want) and want[i] != "[...]":
+            if j >= len(have) or want[i] != have[j]:
+                return False
+            i, j = i + 1, j + 1
+        if i == len(want):
+            return j == len(have)
+        return any(match(i + 1, k) for k in range(j, len(have) + 1))
+
+    if match(0, 0):
+        return None
+    for i, line in enumerate(want):  # the first line that is not where the README has it
+        if line == "[...]":
+            return f"after a [...]: expected {want[i + 1] if i + 1 < len(want) else 'the end'!r}"
+        if i >= len(have) or have[i] != line:
+            return f"line {i + 1}: README {line!r}, printed {have[i] if i < len(have) else '(nothing)'!r}"
+    return f"printed {len(have) - len(want)} more line(s): {have[len(want)]!r}"
+
+
+def printed_blocks(readme: Path) -> list[dict]:
+    """The output fences marked `PRINTED`: their text and the line of the bash block above."""
+    lines = readme.read_text().splitlines()
+    bash_lines = [b["line"] for b in bash_blocks(readme)]
+    found = []
+    for i, line in enumerate(lines):
+        if line.strip() != PRINTED:
+            continue
+        j = i + 1
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        fence = OUTPUT_FENCE.match(lines[j]) if j < len(lines) else None
+        assert fence, f"{readme}, line {i + 1}: the marker is not above an output fence"
+        above = [start for start in bash_lines if start < i + 1]
+        assert above, f"{readme}, line {i + 1}: no bash block above the marker"
+        indent, body, j = len(fence.group("indent")), [], j + 1
+        while j < len(lines) and lines[j].strip() != "```":
+            body.append(lines[j][indent:])
+            j += 1
+        found.append(dict(line=i + 1, text="\n".join(body) + "\n", after=above[-1]))
+    return found
+
+
+def test_the_comparison_masks_speeds_and_skips():
+    """Unit check of `mismatch`: what differs only in speed, machine or skipped lines matches,
+    a changed loss or a missing line does not."""
+    readme = ("host=vm rank=0 cpus=0-1 (2)\n"
+              "a training step needs about 24 MB (batch 16); available RAM: 22.7 GB\n"
+              "epoch 1: 100%|██████████| 3/3 [00:12<00:00,  4.25s/it]\n"
+              "epoch 1/4  train_loss 1.0080  valid_loss 0.2437  3 samples/s (1 rank(s))\n"
+              "[...]\n"
+              "plain: 0.81 s per step, peak 62.0 MB\n"
+              "0.15 GFLOP/s achieved; MFU 0.06% of 1 x Intel(R) Xeon(R) Processor, 2 cores (fp32)\n")
+    printed = ("W1207 04:50:01.123000 123 torch/distributed/run.py:792] \n"
+               "*****************************************\n"
+               "host=n7 rank=0 cpus=0-15 (16)\n"
+               "a training step needs about 24 MB (batch 16); available RAM: 120.3 GB\n"
+               "epoch 1:   0%|          | 0/3 [00:00<?, ?it/s]\repoch 1: 100%|███| 3/3 [00:01]\n"
+               "epoch 1/4  train_loss 1.0080  valid_loss 0.2437  155 samples/s (1 rank(s))\n"
+               "epoch 2/4  train_loss 0.9\n"
+               "epoch 3/4  train_loss 0.8\n"
+               "plain: 12 ms per step, peak 71.5 MB\n"
+               "6.27 GFLOP/s achieved; MFU 7.54% of 1 x AMD EPYC, 1 core (fp32)\n")
+    assert mismatch(readme, printed) is None
+    assert mismatch(readme.replace("[...]\n", ""), printed) is not None  # the skipped lines
+    changed = printed.replace("valid_loss 0.2437", "valid_loss 0.2438")
+    assert "valid_loss 0.2437" in mismatch(readme, changed)
+    assert mismatch(readme, printed.replace("about 24 MB", "about 25 MB")) is not None
+    assert mismatch(readme + "Wrote runs/x/metrics.json\n", printed) is not None
 
 
 def test_the_convention_is_readable():
@@ -222,6 +341,12 @@ def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_pa
     for module in BESIDE.get(exercise, ()):
         shutil.copy2(REPO / module, scratch_repo / Path(module).name)
     shutil.rmtree(scratch_repo / "runs", ignore_errors=True)
+    # a README whose output was made on the tiny set makes it itself (`wellfno.grayscott --data-dir
+    # data_tiny --size tiny`): the previous exercise's copy must not stand in for that line
+    shutil.rmtree(scratch_repo / "data_tiny", ignore_errors=True)
+    printed = {}
+    for block in printed_blocks(readme):
+        printed.setdefault(block["after"], []).append(block)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                 "MASTER_", "TORCHELASTIC", "STATS_"))}
@@ -245,3 +370,8 @@ def test_every_readme_command_runs(exercise, scratch_repo, tiny_data_dir, tmp_pa
             assert result.returncode != 0, f"{where} is marked `ci: fails` but exited 0: {last}"
         else:
             assert result.returncode == 0, f"{where} exited {result.returncode}: {last}"
+        for shown in printed.get(block["line"], []):
+            differs = mismatch(shown["text"], result.stdout)
+            assert differs is None, (f"exercises/{exercise}/README.md, the output at line "
+                                     f"{shown['line']} is not what the block at line "
+                                     f"{block['line']} prints: {differs}")
