@@ -244,15 +244,24 @@ DEFAULTS_JOB = r"""#!/bin/bash
 #SBATCH --job-name=default_flags
 . "$WELLFNO_ROOT/slurm/common.sh"
 seam="$WELLFNO_GPU_SEAM"
+# 9 steps, more than a job's 7 rendezvous ports (wellfno/launch.py master_port_from_slurm): steps 7
+# and 8 would take the next job's first two, and a job running beside this one (the suite's other
+# worker) then fails with EADDRINUSE (seen in make test). Ports of their own, below the course's
+# 20000-31999, a new one per step (the last one's socket may linger in TIME_WAIT).
+port=19100
+next_port() { export MASTER_PORT=$port; port=$((port + 1)); }
 for step in """ + " ".join(DEFAULT_FLAG_STEPS) + r"""; do
   prog=(solutions/$step/fno.py --dataset "$DATASET" --data-dir "$WELL_DATA")
   # --gpus-per-task=1 (launch_gpu, site.env's default)
+  next_port
   WELLFNO_GPU_SEAM=$seam/$step-per_task launch_gpu --cpu-bind=cores -- \
     "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$step-1"
   # --gpus-per-node: every GPU of the node visible to each rank (launch_ddp, the DDP steps)
+  next_port
   WELLFNO_GPU_SEAM=$seam/$step-per_node launch_ddp --cpu-bind=cores -- \
     "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$step-2"
   # --gpu-bind=closest (site.env GPU_BIND=closest): each task sees its NUMA domain's GPUs
+  next_port
   WELLFNO_GPU_SEAM=$seam/$step-closest _wf_run "${GPU_SRUN_FLAGS[@]}" --gpu-bind=closest \
     --cpu-bind=cores -- "${GPU_WRAP[@]}" "$PYTHON" "${prog[@]}" --out "$RUN_DIR/$step-3"
 done
