@@ -180,15 +180,27 @@ def import_problems(target: Path, modules: dict[str, str] | None = None) -> list
     """Import every module of other packages the day-0 check's programs import
     (coursetools.imports) with `target` first on the path, as day0.sh's PYTHONPATH puts it: one
     line for each package missing or broken (the first module that needs it names it)."""
-    import importlib
+    import os
 
     from coursetools import imports
 
     modules = imports.needed() if modules is None else modules
-    if str(target) not in sys.path:
-        sys.path.insert(0, str(target))
-    sys.path_importer_cache.pop(str(target), None)  # made after start-up: look at it again
-    importlib.invalidate_caches()
+    # In a child whose PYTHONPATH starts with `target`, as the programs will run: this process's
+    # own imports (and sys.path) stay as they were.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(target), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    child = subprocess.run([sys.executable, "-c", "import json, sys; from coursetools import day0; "
+                            "print(json.dumps(day0.problems_importing(json.loads(sys.argv[1]))))",
+                            json.dumps(modules)], env=env, capture_output=True, text=True)
+    if child.returncode != 0:
+        return [f"{sys.executable} could not check the imports: {child.stderr.strip()[-300:]}"]
+    return json.loads(child.stdout)
+
+
+def problems_importing(modules: dict[str, str]) -> list[str]:
+    """import_problems' lines, for the imports of this process's path (its child's)."""
+    import importlib
+
     problems: dict[str, str] = {}
     for module, where in modules.items():
         try:
