@@ -188,6 +188,18 @@ def test_slurm_2nodes_stats_bit_for_bit_on_both_nodes(
     assert "4 rank(s) (torchrun, gloo)" in log and "4 rank(s) (srun, gloo)" in log, log
 
 
+def start_one_rank(script, data, ref) -> subprocess.Popen:
+    """The reference: `script` on one rank with the global batch (8), outside Slurm, started now
+    so that it runs beside the batch's jobs instead of after them."""
+    return subprocess.Popen(
+        [sys.executable, script, "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
+         "--batch-size", "8", "--seed", "0", "--bind", "none"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        | {"OMP_NUM_THREADS": "1"},
+    )
+
+
 # --------------------------------------------------------------------------- inside a container
 # The same two-node runs with CONTAINER_EXEC (slurm/site.env) set to the stand-in runtime
 # (tests/container_standin/record_exec.sh; tests/test_slurm_container.py has the one-node jobs).
@@ -224,12 +236,7 @@ def _ddp_in_container(root, data):
     job = sbatch("05_ddp.sbatch", *TRAIN, env=container_env(run_root, data, rec), run_root=run_root,
                  sbatch_opts=["--nodes=2", "--ntasks-per-node=2"])
     ref = root / "one_rank"
-    one_rank = subprocess.Popen(
-        [sys.executable, "solutions/05_ddp/fno.py", "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
-         "--batch-size", "8", "--seed", "0", "--bind", "none"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"OMP_NUM_THREADS": "1"},
-    )
+    one_rank = start_one_rank("solutions/05_ddp/fno.py", data, ref)
     return job, rec, one_rank, ref
 
 
@@ -262,12 +269,7 @@ def _podman_two_nodes(root, data):
     ddp = sbatch("05_ddp.sbatch", *TRAIN, env=podman_job_env(root / "ddp", data, *found),
                  run_root=root / "ddp", sbatch_opts=["--nodes=2", "--ntasks-per-node=2"])
     ref = root / "one_rank"
-    one_rank = subprocess.Popen(
-        [sys.executable, "solutions/05_ddp/fno.py", "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
-         "--batch-size", "8", "--seed", "0", "--bind", "none"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"OMP_NUM_THREADS": "1"},
-    )
+    one_rank = start_one_rank("solutions/05_ddp/fno.py", data, ref)
     return stats, ddp, one_rank, ref
 
 
@@ -305,16 +307,8 @@ def _ddp(root, data):
         "--with-2nodes", "--args", f"07_failures_2nodes={' '.join(TRAIN)}",
         "07_failures_2nodes",
     )
-    # The reference: one rank with the global batch, outside Slurm, started now so that it runs
-    # beside the batch's jobs instead of after them.
     ref = root / "one_rank"
-    one_rank = subprocess.Popen(
-        [sys.executable, DDP, "--data-dir", str(data), "--out", str(ref), *TRAIN[:-4],
-         "--batch-size", "8", "--seed", "0", "--bind", "none"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        | {"OMP_NUM_THREADS": "1"},
-    )
+    one_rank = start_one_rank(DDP, data, ref)
     return job, one_rank, ref
 
 
