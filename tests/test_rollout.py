@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from wellfno.data import rollout_dataset, to_channels
-from wellfno.rollout import (PAPER_WINDOWS, evaluate_rollouts, persistence, rollout, step_curve,
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from wellfno.domain import Slab, slab_step_vrmse
+from wellfno.rollout import (PAPER_WINDOWS, evaluate_rollouts, rollout, step_curve, step_vrmse,
                              the_well_windows, trajectory_errors, vrmse, well_report, well_vrmse,
                              window_vrmse)
 
@@ -54,7 +57,7 @@ def test_oracle_scores_zero_and_persistence_matches_numpy(tiny_dataset_dir, n_st
     # persistence at step k compares the last input frame with true frame k
     traj = trajectory.numpy()
     expected = [numpy_vrmse(traj[n_steps_input - 1], traj[n_steps_input - 1 + k]).mean() for k in range(1, n + 1)]
-    got = vrmse(persistence(inputs, n), true).mean(-1)[0].numpy()
+    got = step_vrmse(inputs, true, pred)[1].numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
@@ -74,6 +77,70 @@ def test_evaluate_rollouts_with_an_oracle_is_zero(tiny_dataset_dir):
     assert len(model_curve) == 11 and max(model_curve) == 0.0
     assert min(persistence_curve) > 0.0
     torch.testing.assert_close(true, pred)
+
+
+def numpy_step_vrmse(inputs, true, pred, eps=1e-7):
+    """The model's and persistence's VRMSE per step, mean over fields, in float64 numpy."""
+    inputs, true, pred = (np.asarray(a, np.float64)[0] for a in (inputs, true, pred))
+    space = tuple(range(1, true.ndim - 1))
+    var = true.var(axis=space) + eps
+    model_err = np.sqrt(((pred - true) ** 2).mean(axis=space) / var).mean(-1)
+    persist_err = np.sqrt(((inputs[-1] - true) ** 2).mean(axis=space) / var).mean(-1)
+    return model_err, persist_err
+
+
+def random_trajectory(shape, seed=0):
+    """(inputs, true, pred) of one trajectory: 2 input frames, T steps of `shape` = (T, *space, F)."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(1, 2, *shape[1:], generator=g)
+    true = torch.randn(1, *shape, generator=g) * torch.linspace(0.5, 2.0, shape[-1])
+    return inputs, true, true + 0.3 * torch.randn(1, *shape, generator=g)
+
+
+@pytest.mark.parametrize("shape", [(6, 8, 8, 2), (4, 4, 6, 5, 3)])
+def test_step_vrmse_matches_numpy(shape):
+    inputs, true, pred = random_trajectory(shape)
+    got = step_vrmse(inputs, true, pred)
+    for g, want in zip(got, numpy_step_vrmse(inputs, true, pred)):
+        assert g.shape == (shape[0],)
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-5)
+
+
+class LargestNewTensor(TorchDispatchMode):
+    """The most elements of any tensor an op allocates (views share their base's memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t._base is None:
+                self.most = max(self.most, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("score", [
+    lambda i, t, p: step_vrmse(i, t, p),
+    lambda i, t, p: slab_step_vrmse(i, t, p, Slab(0, t.shape[2], t.shape[2])),
+], ids=["step_vrmse", "slab_step_vrmse"])
+def test_scoring_a_rollout_allocates_at_most_a_frame(score):
+    """Issue 48: scoring T steps at once made (pred - true)^2 and a persistence copy of the whole
+    trajectory (T frames, in float64 on the slabs); one step at a time needs one frame."""
+    inputs, true, pred = random_trajectory((12, 8, 6, 2))
+    frame = true[0, 0].numel()
+    with LargestNewTensor() as seen:
+        score(inputs, true, pred)
+    assert seen.most <= frame, f"scoring allocated {seen.most} elements; a frame has {frame}"
+
+
+@pytest.mark.parametrize("shape", [(5, 8, 8, 2), (3, 6, 4, 5, 1)])
+def test_slab_step_vrmse_of_a_whole_frame_is_step_vrmse(shape):
+    inputs, true, pred = random_trajectory(shape, seed=3)
+    whole = Slab(0, shape[1], shape[1])
+    for got, want in zip(slab_step_vrmse(inputs, true, pred, whole), step_vrmse(inputs, true, pred)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
 
 
 # ---- The Well's evaluation (issue 36): wellfno.rollout.well_vrmse, windows, whole trajectories.

@@ -431,21 +431,33 @@ def validate(model, loader, device, loss_fn):
     return (total[0] / total[1]).item()
 
 
-def slab_vrmse(
-    pred: torch.Tensor, true: torch.Tensor, slab: Slab, eps: float = 1e-7
-) -> torch.Tensor:
-    """wellfno.rollout.vrmse of whole frames, from each rank's slabs (B, T, *slab, F) -> (B, T, F).
+def slab_step_vrmse(
+    inputs: torch.Tensor, true: torch.Tensor, pred: torch.Tensor, slab: Slab, eps: float = 1e-7
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """wellfno.rollout.step_vrmse of whole frames, from each rank's slabs (1, T, *slab, F): the
+    model's and persistence's mean VRMSE over fields at each step, (T,) each.
 
-    Sums over space in float64, added up over the domain group: the mean first, then the squares
-    about it (two passes, as torch's var), so that the slabs give one process's numbers.
+    One step at a time (a few frames more, not copies of the trajectory); sums over space in
+    float64, added up over the domain group: the mean first, then the squares about it (two
+    passes, as torch's var), so that the slabs give one process's numbers.
     """
-    space = tuple(range(2, true.ndim - 1))
+    space = tuple(range(1, true.ndim - 2))  # a frame (B, *slab, F)
     cells = slab.n * math.prod(true.shape[3:-1])
-    t, p = true.double(), pred.double()
-    sums = group_sum(torch.stack([((p - t) ** 2).sum(space), t.sum(space)]), slab)
-    mean = (sums[1] / cells).reshape(*t.shape[:2], *(1,) * len(space), t.shape[-1])
-    spread = group_sum(((t - mean) ** 2).sum(space), slab)
-    return torch.sqrt((sums[0] / cells) / (spread / cells + eps)).float()
+    last = inputs[:, -1].double()
+    steps = []
+    for k in range(true.shape[1]):
+        t, p = true[:, k].double(), pred[:, k].double()
+        steps.append(torch.stack([((p - t) ** 2).sum(space), ((last - t) ** 2).sum(space), t.sum(space)]))
+    sums = group_sum(torch.stack(steps, dim=2), slab) / cells  # (3, B, T, F)
+    spread = []
+    for k in range(true.shape[1]):
+        t = true[:, k].double()
+        mean = sums[2, :, k].reshape(t.shape[0], *(1,) * len(space), t.shape[-1])
+        spread.append(((t - mean) ** 2).sum(space))
+    var = group_sum(torch.stack(spread, dim=1), slab) / cells  # (B, T, F)
+    vrmse = torch.sqrt(sums[:2] / (var + eps)).float()  # (2, B, T, F)
+    model_err, persist_err = vrmse.mean(-1)[:, 0]
+    return model_err, persist_err
 
 
 @torch.no_grad()
@@ -465,7 +477,7 @@ def evaluate_rollouts(
     trajectory counts once. Returns (model_vrmse, persistence_vrmse, example); the example (true,
     pred of the trajectory that changes most in one step, whole frames) on rank 0 only.
     """
-    from wellfno.rollout import persistence, rollout
+    from wellfno.rollout import rollout
 
     def roll(i):
         sample = dataset[i]
@@ -481,12 +493,7 @@ def evaluate_rollouts(
     curves, best = [], None
     for i in range(grid.data_index, n_trajectories, grid.data_size):
         inputs, true, pred = roll(i)
-        curves.append(
-            (
-                slab_vrmse(pred, true, slab).mean(-1)[0],
-                slab_vrmse(persistence(inputs, true.shape[1]), true, slab).mean(-1)[0],
-            )
-        )
+        curves.append(slab_step_vrmse(inputs, true, pred, slab))
         change = curves[-1][1][0].item()  # the same on every rank of the group
         if best is None or change > best[0]:
             best = (change, i, true, pred)

@@ -188,7 +188,7 @@ def rollout_steps(model, device: torch.device, wanted: int = 100, available: tup
     WellDataset reads a whole trajectory into host memory, and the rollout keeps the true and
     the predicted frames on the device: 3 copies of T frames of `channels` float32 channels
     (MHD_256: 100 frames are 47 GB each). Each may use half of what is free (host, device).
-    Scoring them adds a few frames (`rollout.trajectory_errors`: float64 one step at a time).
+    Scoring them adds a few frames (`rollout.step_vrmse`, `rollout.trajectory_errors`: one step at a time).
     """
     frame = 4 * math.prod(model.resolution) * model.channels_per_frame
     if available is None:

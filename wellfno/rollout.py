@@ -41,9 +41,19 @@ def rollout(model, inputs: torch.Tensor, n_steps: int, constant_fields: torch.Te
     return torch.cat(preds, dim=1)
 
 
-def persistence(inputs: torch.Tensor, n_steps: int) -> torch.Tensor:
-    """The baseline to beat: the last input frame, repeated."""
-    return inputs[:, -1:].expand(-1, n_steps, *inputs.shape[2:])
+def step_vrmse(inputs: torch.Tensor, true: torch.Tensor, pred: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean VRMSE over fields at each step (T,) of a trajectory (1, T, *spatial, F), for the model
+    and for persistence (the last input frame, the baseline to beat).
+
+    One step at a time, as `trajectory_errors`: scoring a long rollout then needs a few frames
+    more, not copies of the whole trajectory (`memory.rollout_steps` counts on it).
+    """
+    n_spatial_dims = true.ndim - 3
+    last = inputs[:, -1]
+    steps = [torch.stack([vrmse(pred[:, k], true[:, k], n_spatial_dims),
+                          vrmse(last, true[:, k], n_spatial_dims)]) for k in range(true.shape[1])]
+    model_err, persist_err = torch.stack(steps, dim=1).mean(-1)[:, :, 0]  # (2, T, B, F) -> (2, T), B = 1
+    return model_err, persist_err
 
 
 @torch.no_grad()
@@ -64,9 +74,7 @@ def evaluate_rollouts(model, dataset, device, max_steps: int | None = None, max_
     curves, best = [], None  # best: (change in one step, index, true, pred)
     for i in range(rank, n_trajectories, world_size):
         inputs, true, pred = _rollout_trajectory(model, dataset, i, device, max_steps)
-        n_spatial_dims = inputs.ndim - 3  # (1, T, *spatial, F)
-        curves.append((vrmse(pred, true, n_spatial_dims).mean(-1)[0],
-                       vrmse(persistence(inputs, true.shape[1]), true, n_spatial_dims).mean(-1)[0]))
+        curves.append(step_vrmse(inputs, true, pred))
         change = curves[-1][1][0].item()  # persistence's error after one step: how much the field moves
         if best is None or change > best[0]:
             best = (change, i, true, pred)
