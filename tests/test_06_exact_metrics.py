@@ -95,6 +95,10 @@ def test_eval_only_equal_for_1_2_3_ranks(script, tiny_data_dir, one_rank_run, tm
         seen = read_probe(logs)
         require(not any(seen[r]["train"] for r in seen),
                 f"--eval-only read training samples: it must not train {task('06', 3)}")
+        training = [line for line in results[0][1].splitlines()
+                    if line.startswith(("Training on", "global batch", "epoch "))]
+        require(not training, f"--eval-only on {max(world, 1)} rank(s) printed {training[:1]}: it "
+                f"trains nothing, so it prints no training lines {task('06', 3)}")
         read = Counter(i for r in seen for i in seen[r]["valid"])
         require(read == Counter(range(N_VALID)), f"--eval-only on {max(world, 1)} rank(s) read "
                 f"{sum(read.values())} validation samples, {len(read)} different (allowed: each of "
@@ -136,6 +140,8 @@ def test_resume_with_another_world_size(script, script_module, tiny_data_dir, tm
             f"checkpoint {task('06', 4)}")
     state = torch.load(split / "checkpoint.pt", weights_only=True)
     worlds = [h.get("world_size") for h in state["history"]]
+    require(None not in worlds, f"the checkpoint's history rows have no world_size: make each "
+            f"epoch's row the job's with over_ranks, which adds it {task('06', 2)}")
     require(worlds == [2, 1] and state["epoch"] == 2,
             f"the resumed checkpoint is at epoch {state['epoch']}, its history's world sizes "
             f"{worlds} (allowed: epoch 2, world sizes 2 then 1) {task('06', 4)}")
@@ -156,6 +162,27 @@ def test_eval_only_without_checkpoint_is_one_line(script_module, tiny_data_dir, 
             f"(allowed: non-zero, one `error:` line naming the checkpoint) {task('06', 3)}")
     require(not (tmp_path / "o").exists(),
             f"--eval-only without a checkpoint left an output folder {task('06', 3)}")
+
+
+@pytest.mark.slow
+def test_eval_only_with_other_settings_is_one_line(script_module, tiny_data_dir, one_rank_run,
+                                                   tmp_path):
+    """A checkpoint of another width: --eval-only has no --resume to drop; the line names what to
+    give instead."""
+    out = tmp_path / "o"
+    out.mkdir()
+    shutil.copy(one_rank_run / "checkpoint.pt", out / "checkpoint.pt")
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", out, "--eval-only",
+                     *SMALL, "--width", "16")  # SMALL's is 8
+    rc, err = result.returncode, result.stderr
+    lines = error_lines(err)
+    require(rc != 0 and "Traceback" not in err and len(lines) == 1,
+            f"--eval-only of a checkpoint of another --width exited with {rc} and {len(lines)} "
+            f"error lines (allowed: non-zero, one `error:` line) {task('06', 3)}")
+    require("--width" in lines[0] and "--resume" not in lines[0],
+            f"--eval-only of a checkpoint of another --width said {lines[0]!r}: name the settings "
+            f"to give (--width, --modes), not --resume, which --eval-only does not take "
+            f"{task('06', 3)}")
 
 
 @pytest.mark.slow

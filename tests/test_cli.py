@@ -4,6 +4,7 @@ Python's final teardown is not.
 Each check runs a small program in a real process (os._exit cannot be watched from inside), and
 compares it with the same program ended by sys.exit, the interpreter's ordinary exit.
 """
+import os
 import subprocess
 import sys
 import textwrap
@@ -88,3 +89,54 @@ def test_an_interactive_session_goes_on_after_the_script(tmp_path):
     result = subprocess.run([sys.executable, "-i", "-c", program], cwd=REPO, input="",
                             capture_output=True, text=True, timeout=60)
     assert "still here, status 3" in result.stdout, result.stdout + result.stderr
+
+
+WRITES = textwrap.dedent("""
+    import sys
+    from wellfno import cli
+
+    class Recorder:  # each write call, as its own line on the real stderr
+        def write(self, text):
+            sys.__stderr__.write(repr(text) + "\\n")
+        def flush(self):
+            sys.__stderr__.flush()
+
+    sys.stderr = Recorder()
+    def main():
+        raise cli.UserError("what to do")
+    cli.run_main(main)
+""")
+
+
+def test_a_user_error_is_one_write():
+    """Under torchrun every rank may fail at once into one stderr. print() writes the text and
+    the newline separately; with PYTHONUNBUFFERED=1 (python -u, common in job scripts) each is its
+    own write(2), so two ranks' lines can run together ("error: ...error: ...\\n\\n")."""
+    result = subprocess.run([sys.executable, "-c", WRITES], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [repr("error: what to do\n")]
+
+
+RANKS_FAIL = textwrap.dedent("""
+    import os, time
+    from wellfno import cli
+    def main():
+        time.sleep(1.0 - time.time() % 1.0)  # the ranks fail at the same moment
+        raise cli.UserError(f"rank {os.environ['RANK']} cannot go on: " + "what to do " * 20)
+    cli.run_main(main)
+""")
+
+
+def test_ranks_failing_together_under_torchrun_print_whole_lines(tmp_path):
+    program = tmp_path / "fail.py"
+    program.write_text(RANKS_FAIL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD"))}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", "3", str(program)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env=dict(env, PYTHONUNBUFFERED="1"))
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "error: " in line]
+    assert sorted(lines) == [f"error: rank {r} cannot go on: " + "what to do " * 20
+                             for r in range(3)], result.stderr
+    assert "ChildFailedError" in result.stderr  # torchrun's own report follows (exercise 06's README)

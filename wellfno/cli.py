@@ -52,7 +52,10 @@ def run_main(main: Callable[[], Any]) -> NoReturn:
             check_torch(sys.modules["torch"].__version__)
         rc = main()
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        # One write: under torchrun every rank may fail at once, and print's separate writes of
+        # the text and the newline run their lines together.
+        sys.stderr.write(f"error: {err}\n")
+        sys.stderr.flush()
         leave(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

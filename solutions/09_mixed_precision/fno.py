@@ -230,13 +230,14 @@ def train(args, env, backend, device):
             first_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
         except (KeyError, RuntimeError, ValueError):
             raise UserError(f"{checkpoint} was trained with other settings: use another --out or "
-                            "drop --resume")
+                            + ("give its --width, --modes" if args.eval_only else "drop --resume"))
         log(f"{'Evaluating' if args.eval_only else 'Resuming from'} {checkpoint} after epoch "
             f"{state['epoch']} (trained with {state.get('world_size', 1)} rank(s), "
             f"now {env.world_size})")
     # DDP copies rank 0's weights to all ranks; backward all-reduces (averages) the gradients.
     ddp_model = DistributedDataParallel(model) if env.is_distributed else model  # on model's device
     global_batch = args.batch_size * env.world_size
+    log = (lambda *a, **k: None) if args.eval_only else log  # nothing trained, nothing said
     log(f"Training on {env.world_size} rank(s) ({env.launcher}, {backend or 'no'} backend, "
         f"{device.type}): {len(splits['train'])} samples of {dataset_dir.name}, fields {fields}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, amp {args.amp}")
