@@ -786,9 +786,32 @@ def checkpointing_table(root: Path) -> str:
              f"**{ckpt['peak_bytes_per_rank'] / plain['peak_bytes_per_rank']:.2f}**",
              f"{plain['step_ms']:.0f}", f"{ckpt['step_ms']:.0f}",
              f"**{ckpt['step_ms'] / plain['step_ms']:.2f}**"]]
+    estimate = checkpointing_estimates(c, tuple(int(n) for n in plain["grid"].split("x")))
+    ratios = [estimate[k] / by[k]["peak_bytes_per_rank"] for k in (False, True)]
     return (md_table(["grid, layers, batch", "peak plain", "peak checkpointed", "peak ratio",
                       "ms/step plain", "ms/step checkpointed", "step time ratio"], rows, "lrrrrrr")
-            + f"\n\nOne rank, synthetic batches; {_domain_config(c)}.\n\n" + _caption(result))
+            + f"\n\nOne rank, synthetic batches; {_domain_config(c)}. `wellfno.memory.step_bytes` "
+            f"estimates {_mb(estimate[False])} plain and {_mb(estimate[True])} checkpointed for this "
+            f"model (task 4): {ratios[0]:.2f}× and {ratios[1]:.2f}× the measured peaks.\n\n"
+            + _caption(result))
+
+
+def checkpointing_estimates(config: dict, grid: tuple[int, ...]) -> dict[bool, int]:
+    """wellfno.memory.step_bytes, plain (False) and checkpointed (True), of the benchmark's model
+    (solutions/13_domain_parallel/benchmark.py: 3 channels, one input step): an estimate, no run."""
+    import torch
+
+    from wellfno import memory
+    from wellfno.model import NextFrameFNO
+
+    model = NextFrameFNO(3, 1, {k: torch.ones(3) for k in ("mean", "std", "mean_delta", "std_delta")},
+                         n_spatial_dims=len(grid), resolution=grid, modes=config["fno_modes"],
+                         width=config["width"], layers=config["layers"])
+    n_parameters = sum(p.numel() for p in model.parameters())
+    return {checkpointed: memory.step_bytes(n_parameters, config["batch_size"], grid,
+                                            model.in_channels, model.channels_per_frame,
+                                            config["width"], config["layers"], checkpointed)
+            for checkpointed in (False, True)}
 
 
 def domain_scaling_table(root: Path) -> str:

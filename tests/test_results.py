@@ -5,10 +5,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import REPO, run_script
 from coursetools import results
 from wellfno.cli import UserError
+from wellfno.memory import step_bytes
+from wellfno.model import NextFrameFNO
 
 
 def test_docs_tables_match_their_results_files():
@@ -281,6 +284,14 @@ def test_checkpointing_table_shows_both_ratios(tmp_path):
     assert "the fastest of 2 rounds" in table
     assert ("on Test CPU, 2 cores, torch 2.0, no GPU, load average 0.5 at the start, 1.5 at the end"
             in table)
+    # task 4's comparison: the estimate of the benchmark's own model (3 channels, 1 input frame)
+    stats = {k: torch.ones(3) for k in ("mean", "std", "mean_delta", "std_delta")}
+    model = NextFrameFNO(3, 1, stats, n_spatial_dims=2, resolution=(64, 64), modes=12, width=32,
+                         layers=8)
+    n = sum(p.numel() for p in model.parameters())
+    plain, ckpt = (step_bytes(n, 8, (64, 64), model.in_channels, 3, 32, 8, c) for c in (False, True))
+    assert (f"estimates {plain / 1e6:.1f} MB plain and {ckpt / 1e6:.1f} MB checkpointed for this "
+            f"model (task 4): {plain / 200e6:.2f}× and {ckpt / 80e6:.2f}× the measured peaks") in table
 
 
 def test_domain_scaling_table_has_weak_and_strong_rows(tmp_path):
