@@ -65,7 +65,8 @@ def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, tmp
             f"from float32 (allowed: {tolerance:.0e}): keep the spectral convolutions float32 "
             f"{task('09', 2)}")
     require(max(relative) > 0, f"--amp {amp} gave exactly the float32 losses: autocast the forward "
-            f"pass on the device it runs on, torch.autocast(device.type, dtype=...) {task('09', 1)}")
+            f"pass on the device it runs on, torch.autocast(device.type, dtype=...) "
+            f"{task('09', 1)}")
 
 
 # What reaches the FFTs is what task 2 is about, and on a CPU the losses cannot show it: CPU

@@ -247,10 +247,6 @@ PLANTED = [
      [("        if steps % log_every == 0:", "        if (steps - 1) % log_every == 0:")],
      "08", "log_every_changes", {1}, "loss_log"),
     # --- exercise 09: mixed precision
-    # autocast for "cuda" as in a GPU tutorial: on a CPU it disables itself (a warning), fp32 runs
-    ("09-autocast-for-cuda", "tests/test_09_mixed_precision.py", SOLUTION_09,
-     [("torch.autocast(device.type, dtype=amp_dtype)", 'torch.autocast("cuda", dtype=amp_dtype)')],
-     "09", FP16_09, {1}, "device.type"),
     # autocast around the backward pass, not the forward: the forward runs in float32
     ("09-autocast-around-backward", "tests/test_09_mixed_precision.py", SOLUTION_09,
      [('        with record_function("forward"), autocast():\n',
