@@ -21,8 +21,14 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
   `--seconds 1 --repeats 1`), which suit a participant's laptop too.
 - `<!-- ci: printed by the bash block above -->` just above an output fence: that fence is what
   the nearest bash block above it prints, compared by `mismatch`: lines of the machine (host=...,
-  torchrun's own log lines, progress bars) are dropped from both, speeds masked (samples/s, times
-  in s and ms, available RAM, measured peak MB, the GFLOP/s and MFU line), and a line `[...]`
+  torchrun's own log lines, torch.profiler's `USDT: ... profiler_start` lines, progress bars)
+  are dropped from both, speeds masked (samples/s, times in s and ms, available RAM, measured
+  peak MB, the GFLOP/s and MFU line; a line with a masked speed is compared with its spacing
+  made one blank, since a right-aligned column pads by the number's width), the tables of
+  times masked cell by cell (`TIMED_LINES`: in profiling/summarize.py's step table each part's
+  ms and share, not the step's number or its host syncs; in profiling/throughput.py's sweep the
+  samples/s, ratios and the winning setting, not the reader, workers, pin and prefetch of a
+  row, nor the sample count; its first line's CPU, cores, device and threads), and a line `[...]`
   in the README stands for any number of printed lines. A README whose output was made on the
   tiny set makes it in its block (`.venv/bin/python -m wellfno.grayscott --data-dir data_tiny
   --size tiny`) and passes `--data-dir data_tiny`; data_tiny is deleted before each README runs.
@@ -116,6 +122,7 @@ MACHINE_LINE = re.compile(
     r"^host="                                    # the node's name, its cores and GPUs
     r"|^[WIE]\d{4} \d\d:\d\d:\d\d"               # torchrun's own log lines
     r"|^\*{10,}$|^Setting OMP_NUM_THREADS"        # torchrun's notice about OMP_NUM_THREADS
+    r"|^USDT:\d{4}-\d\d-\d\d .*\] profiler_(?:start|stop)$"  # kineto (torch.profiler) at a trace
     r"|^\S[^|]*:\s+\d+%\|"                        # a progress bar (tqdm), at any point of it
 )
 # numbers that depend on the machine's speed or size: masked to `#` on both sides
@@ -127,6 +134,26 @@ SPEED = [
                 r"(?= ?(?:MB|MiB|GB|GiB))"), "#"),
 ]
 GFLOP_LINE = re.compile(r"^\S+ GFLOP/s achieved; MFU \S+ of .*$")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")  # not the 5 of h5py
+# Lines of the profilers' and the loader sweep's tables, whose every number is a time, a speed or
+# a ratio of two: those numbers become `#`, spacing one blank; what names the row is compared.
+TIMED_LINES = [
+    # profiling/summarize.py, a step: `    #7    3851.9  ...  0.3     1`, its number and host syncs
+    (re.compile(r"^\s*(#\d+)((?:\s+\d+\.\d+)+)\s+(\d+)$"),
+     lambda m: f"{m[1]} {' '.join('#' for _ in m[2].split())} {m[3]}"),
+    # profiling/summarize.py, the parts' shares: ` share   10.4%   0.0% ...`
+    (re.compile(r"^\s*share((?:\s+\d+\.\d+%)+)$"),
+     lambda m: "share " + " ".join("#%" for _ in m[1].split())),
+    # profiling/throughput.py, a loader setting: `well  2  off  2  1234  456  345  0.76`: its
+    # reader, workers, pin and prefetch
+    (re.compile(r"^(\w+)\s+(\d+)\s+(on|off)\s+(\d+|-)(?:\s+\d+){3}\s+\d+\.\d+$"),
+     lambda m: f"{m[1]} {m[2]} {m[3]} {m[4]} # # # #"),
+    # profiling/throughput.py: the readers alone, and the best setting (which one wins is a speed)
+    (re.compile(r"^(?:readers alone: |\w+: best full ).*$"), lambda m: NUMBER.sub("#", m[0])),
+    # profiling/throughput.py's first line: the machine's CPU, cores, device and torch's threads
+    (re.compile(r"^(\d+ configurations x \d+ rounds on ).*(, \d+ samples of .*)$"),
+     lambda m: f"{m[1]}(this machine){m[2]}"),
+]
 
 
 def comparable(line: str) -> str | None:
@@ -136,9 +163,15 @@ def comparable(line: str) -> str | None:
         return None
     if GFLOP_LINE.match(line):  # the speed, and the machine's name and cores its peak is for
         return "# GFLOP/s achieved; MFU #% of (this machine)"
+    for pattern, mask in TIMED_LINES:
+        timed = pattern.match(line)
+        if timed:
+            return mask(timed)
+    masked = line
     for pattern, mask in SPEED:
-        line = pattern.sub(mask, line)
-    return line
+        masked = pattern.sub(mask, masked)
+    # a right-aligned column pads a number by its width: once masked, the padding is the speed's too
+    return masked if masked == line else " ".join(masked.split())
 
 
 def mismatch(expected: str, got: str) -> str | None:
@@ -219,6 +252,45 @@ def test_the_comparison_masks_speeds_and_skips():
     assert "valid_loss 0.2437" in mismatch(readme, changed)
     assert mismatch(readme, printed.replace("about 24 MB", "about 25 MB")) is not None
     assert mismatch(readme + "Wrote runs/x/metrics.json\n", printed) is not None
+
+
+def test_the_comparison_masks_the_times_of_the_profile_and_the_sweep():
+    """Unit check of `TIMED_LINES`: profiling/summarize.py's and profiling/throughput.py's lines
+    (as they print them) match whatever their times and speeds, not a changed step number, host
+    sync count, operator, loader setting or sample count."""
+    readme = ("Self CPU time total: 14.071s\n"
+              "  step  total ms  data_wait   h2d_copy    forward   backward  optimizer       rest syncs/step\n"
+              "    #7    3851.9      353.5        0.2     1661.9     1816.5       19.5        0.3          1\n"
+              "    #9    5606.6      650.0        0.3     2280.8      191.6       18.1     2465.8          5\n"
+              " share                10.4%       0.0%      39.3%      28.9%       3.8%      17.5%\n"
+              "  #9 syncs in: aten::item x5\n"
+              "    7103.28 ms     68 calls  aten::bmm\n"
+              "2 configurations x 1 rounds on AMD EPYC 7763 64-Core Processor (2 cores), cpu, torch "
+              "threads 1, 44 samples of data_tiny/datasets/gray_scott_embedded\n"
+              "readers alone: raw h5py 1234, fast 567, WellDataset 89 samples/s; fast/raw 0.46, "
+              "fast/WellDataset 6.4x\n"
+              "well         2  off        2        196        40        39         0.98\n"
+              "well: best full 39 samples/s with 2 workers (pipeline efficiency 0.98)\n")
+    printed = ("Self CPU time total: 847.403ms\n"
+               "  step  total ms  data_wait   h2d_copy    forward   backward  optimizer       rest syncs/step\n"
+               "    #7      81.2       13.5        0.2       20.9       40.5        5.5        0.6          1\n"
+               "    #9   12345.6    10650.0        0.3       80.8       91.6       18.1       65.8          5\n"
+               " share                 9.9%       0.1%      19.3%      48.9%      13.8%       7.5%\n"
+               "  #9 syncs in: aten::item x5\n"
+               "     103.28 ms     68 calls  aten::bmm\n"
+               "2 configurations x 1 rounds on Intel(R) Xeon(R) (16 cores), cuda, torch threads 16, "
+               "44 samples of data_tiny/datasets/gray_scott_embedded\n"
+               "readers alone: raw h5py 21234, fast 9567, WellDataset 1289 samples/s; fast/raw 0.45, "
+               "fast/WellDataset 7.4x\n"
+               "well         2  off        2       2196       140       129         0.92\n"
+               "well: best full 129 samples/s with 0 workers (pipeline efficiency 0.92)\n")
+    assert mismatch(readme, printed) is None
+    for real, changed in [("#9 ", "#10 "), ("  5\n", "  4\n"), ("x5", "x4"), ("68 calls", "67 calls"),
+                          ("aten::bmm", "aten::mm"), ("2  off        2", "3  off        2"),
+                          ("off        2", "off        4"), ("44 samples", "45 samples"),
+                          ("2 configurations", "3 configurations")]:
+        assert changed in printed.replace(real, changed, 1), (real, changed)
+        assert mismatch(readme, printed.replace(real, changed, 1)) is not None, (real, changed)
 
 
 def test_the_convention_is_readable():
