@@ -22,9 +22,11 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
 - `<!-- ci: printed by the bash block above -->` just above an output fence: that fence is what
   the nearest bash block above it prints, compared by `mismatch`: lines of the machine (host=...,
   torchrun's own log lines, progress bars) are dropped from both, speeds masked (samples/s, times
-  in s and ms, available RAM, measured peak MB, the GFLOP/s and MFU line), and a line `[...]`
-  in the README stands for any number of printed lines. A README whose output was made on the
-  tiny set makes it in its block (`.venv/bin/python -m wellfno.grayscott --data-dir data_tiny
+  in s and ms, available RAM, measured peak MB, the GFLOP/s and MFU line, the milliseconds and
+  shares of a profile summary's step table, whose host syncs per step stay), and a line `[...]`
+  in the README stands for any number of printed lines (such as torch.profiler's own table,
+  whose rows are in the order of their times). A README whose output was made on the tiny set
+  makes it in its block (`.venv/bin/python -m wellfno.grayscott --data-dir data_tiny
   --size tiny`) and passes `--data-dir data_tiny`; data_tiny is deleted before each README runs.
 - A block that fails (or a `fails` block that succeeds) fails the test with one line: the
   README, the block's line, its exit status and its last line of output.
@@ -127,6 +129,17 @@ SPEED = [
                 r"(?= ?(?:MB|MiB|GB|GiB))"), "#"),
 ]
 GFLOP_LINE = re.compile(r"^\S+ GFLOP/s achieved; MFU \S+ of .*$")
+# a row of the profile summary's step table (profiling/summarize.py, format_steps): `#7`, then
+# milliseconds (one decimal), the host syncs per step (and, when the run communicates,
+# collectives, their ms and overlap %); or its `share` row, all percentages
+STEP_ROW = re.compile(r"^ *(?:#\d+|share)(?: +(?:\d+(?:\.\d+)?%?|-))+$")
+STEP_ROW_SPEED = re.compile(r"\d+(?:\.\d+)?%|\d+\.\d+")  # ms and shares; counts stay
+
+
+def step_row(line: str) -> str:
+    """A step-table row with its times and shares masked and its columns' padding (which follows
+    the times' widths) collapsed: the step number and the syncs (and collectives) per step stay."""
+    return " ".join(STEP_ROW_SPEED.sub("#", line).split())
 
 
 def comparable(line: str) -> str | None:
@@ -136,6 +149,8 @@ def comparable(line: str) -> str | None:
         return None
     if GFLOP_LINE.match(line):  # the speed, and the machine's name and cores its peak is for
         return "# GFLOP/s achieved; MFU #% of (this machine)"
+    if STEP_ROW.match(line):
+        return step_row(line)
     for pattern, mask in SPEED:
         line = pattern.sub(mask, line)
     return line
@@ -219,6 +234,24 @@ def test_the_comparison_masks_speeds_and_skips():
     assert "valid_loss 0.2437" in mismatch(readme, changed)
     assert mismatch(readme, printed.replace("about 24 MB", "about 25 MB")) is not None
     assert mismatch(readme + "Wrote runs/x/metrics.json\n", printed) is not None
+
+
+def test_the_comparison_masks_a_step_tables_times_not_its_syncs():
+    """The profile summary's step table (profiling/summarize.format_steps): other milliseconds
+    and shares, in columns as wide as they need, match; another count of host syncs does not."""
+    from profiling.summarize import format_steps
+
+    def table(ms: float, syncs: int) -> str:
+        parts = dict(data_wait=ms / 10, h2d_copy=0.0, forward=ms / 3, backward=ms / 2,
+                     optimizer=ms / 20)
+        rest = ms - sum(parts.values())
+        rows = [dict(step=step, total=ms, **parts, rest=rest, syncs=syncs, collectives=0,
+                     comm_ms=0.0) for step in (7, 8)]
+        return format_steps(rows) + "\n"
+
+    readme = table(12.3, 0)
+    assert mismatch(readme, table(1234.5, 0)) is None
+    assert "printed '#7 # # # # # # # 1'" in mismatch(readme, table(12.3, 1))
 
 
 def test_the_convention_is_readable():
