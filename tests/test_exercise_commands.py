@@ -21,13 +21,14 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
   `--seconds 1 --repeats 1`), which suit a participant's laptop too.
 - `<!-- ci: printed by the bash block above -->` just above an output fence: that fence is what
   the nearest bash block above it prints, compared by `mismatch`: lines of the machine (host=...,
-  torchrun's own log lines, progress bars) are dropped from both, speeds masked (samples/s, times
-  in s and ms, available RAM, measured peak MB, the GFLOP/s and MFU line, the milliseconds and
-  shares of a profile summary's step table, whose host syncs per step stay), and a line `[...]`
-  in the README stands for any number of printed lines (such as torch.profiler's own table,
-  whose rows are in the order of their times). A README whose output was made on the tiny set
-  makes it in its block (`.venv/bin/python -m wellfno.grayscott --data-dir data_tiny
-  --size tiny`) and passes `--data-dir data_tiny`; data_tiny is deleted before each README runs.
+  torchrun's own log lines, the profiler's USDT notices, progress bars) are dropped from both,
+  speeds and the like masked (samples/s, times in s and ms, process ids, available RAM, measured
+  peak MB, the GFLOP/s and MFU line, the milliseconds and shares of a profile summary's step
+  table, whose host syncs per step stay), and a line `[...]` in the README stands for any number
+  of printed lines (such as torch.profiler's own table, whose rows are in the order of times).
+  A README whose output was made on the tiny set makes it in its block (`.venv/bin/python -m
+  wellfno.grayscott --data-dir data_tiny --size tiny`) and passes `--data-dir data_tiny`;
+  data_tiny is deleted before each README runs.
 - A block that fails (or a `fails` block that succeeds) fails the test with one line: the
   README, the block's line, its exit status and its last line of output.
 
@@ -119,12 +120,14 @@ MACHINE_LINE = re.compile(
     r"|^[WIE]\d{4} \d\d:\d\d:\d\d"               # torchrun's own log lines
     r"|^\*{10,}$|^Setting OMP_NUM_THREADS"        # torchrun's notice about OMP_NUM_THREADS
     r"|^\S[^|]*:\s+\d+%\|"                        # a progress bar (tqdm), at any point of it
+    r"|^USDT:"                                    # the profiler's (kineto's) start and stop notices
 )
 # numbers that depend on the machine's speed or size: masked to `#` on both sides
 SPEED = [
     (re.compile(r"\d[\d.,]*(?= samples/s)"), "#"),
     (re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms)\b"), "# s"),
     (re.compile(r"(available RAM: )[\d.]+ GB"), r"\1# GB"),
+    (re.compile(r"\(pid: \d+\)"), "(pid: #)"),  # a process id, in torchrun's report of a failed rank
     (re.compile(r"\d[\d.,]* ?(?:MB|MiB|GB|GiB)(?=.*\bpeak\b)|(?<=peak)[^\d\n]*\d[\d.,]*"
                 r"(?= ?(?:MB|MiB|GB|GiB))"), "#"),
 ]
@@ -234,6 +237,8 @@ def test_the_comparison_masks_speeds_and_skips():
     assert "valid_loss 0.2437" in mismatch(readme, changed)
     assert mismatch(readme, printed.replace("about 24 MB", "about 25 MB")) is not None
     assert mismatch(readme + "Wrote runs/x/metrics.json\n", printed) is not None
+    assert mismatch("  exitcode  : 2 (pid: 31663)\n", "  exitcode  : 2 (pid: 7)\n") is None
+    assert mismatch("  exitcode  : 2 (pid: 31663)\n", "  exitcode  : 1 (pid: 31663)\n") is not None
 
 
 def test_the_comparison_masks_a_step_tables_times_not_its_syncs():
