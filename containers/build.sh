@@ -3,6 +3,7 @@
 #
 #   containers/build.sh                      # CI: localhost/wellfno-course:cpu on the CPU base
 #   BASE=nvcr.io/nvidia/pytorch:25.01-py3 IMAGE=wellfno-course:ngc containers/build.sh
+#   PODMAN=podman-hpc BASE=nvcr.io/nvidia/pytorch:25.01-py3 containers/build.sh   # NERSC
 #
 # Without BASE: the CPU base (containers/cpu-base.sh) first, where podman lacks it. The context is
 # a copy of what the build installs from (requirements.txt, pyproject.toml, containers/, the
@@ -13,8 +14,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
 IMAGE=${IMAGE:-localhost/wellfno-course:cpu}
-command -v podman >/dev/null || { echo "error: podman not found: apt-get install -y podman runc (containers/README.md)" >&2; exit 2; }
-if [ -z "${BASE:-}" ]; then
+# podman-hpc (NERSC) passes build and run through to podman with its own storage and options
+PODMAN=${PODMAN:-podman}
+command -v "$PODMAN" >/dev/null || { echo "error: $PODMAN not found: apt-get install -y podman runc, or PODMAN=podman-hpc (containers/README.md)" >&2; exit 2; }
+if [ -z "${BASE:-}" ]; then  # the CPU base is CI's, made with Debian's podman
   BASE=localhost/wellfno-cpu-base:${TORCH_VERSION:-2.13.0}
   CPU_BASE=$BASE "$here/cpu-base.sh"
 fi
@@ -32,7 +35,7 @@ mapfile -t mounts < <(python3 "$here/hostpip.py" "$ctx/containers/pip.env")
 # (requirements.txt or the packages changed: the install runs again).
 digest=$(cd "$ctx" && find . -type f ! -name pip.env -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 echo "build: $IMAGE on $BASE (context $digest)"
-podman build --network host -t "$IMAGE" --build-arg BASE="$BASE" --build-arg CONTEXT="$digest" \
+"$PODMAN" build --network host -t "$IMAGE" --build-arg BASE="$BASE" --build-arg CONTEXT="$digest" \
   "${mounts[@]}" \
   -f "$ctx/containers/Containerfile" "$ctx"
-podman run --rm --network none -v "$repo:/course" "$IMAGE" wellfno-container-check
+"$PODMAN" run --rm --network none -v "$repo:/course" "$IMAGE" wellfno-container-check

@@ -4,12 +4,13 @@
 
 Runs the script on the tiny generated data and compares low-precision runs with float32.
 """
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.checks import last_error_line, require, task
+from tests.checks import last_error_line, require, require_run, task
 from tests.conftest import REPO, exit_of, pythonpath_with
 from tests.fixtures.cpuinfo import RECORDED
 from tests.train_helpers import RUN, per_step_losses, run_once, train
@@ -64,7 +65,64 @@ def test_mixed_precision_tracks_float32(script, tiny_data_dir, finished_run, tmp
             f"from float32 (allowed: {tolerance:.0e}): keep the spectral convolutions float32 "
             f"{task('09', 2)}")
     require(max(relative) > 0, f"--amp {amp} gave exactly the float32 losses: autocast the forward "
-            f"pass {task('09', 1)}")
+            f"pass on the device it runs on, torch.autocast(device.type, dtype=...) "
+            f"{task('09', 1)}")
+
+
+# What reaches the FFTs is what task 2 is about, and on a CPU the losses cannot show it: CPU
+# autocast casts an FFT's input to float32 below torch.fft's functions, where a GPU's hands it on
+# as it came (bf16: refused, pytorch/pytorch#117844). So the check records the dtype that
+# torch.fft.rfftn, neuralop's and the course's forward transform, is called with: the dtype a GPU's
+# FFT would get. fp16, which a CPU without bf16 units autocasts as well; one step, a small model.
+@pytest.mark.slow
+def test_the_ffts_get_float32_under_autocast(script_module, tiny_data_dir, tmp_path, monkeypatch):
+    handed, rfftn = [], torch.fft.rfftn
+
+    def recording(x, *args, **kwargs):
+        handed.append(x.dtype)
+        return rfftn(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fft, "rfftn", recording)
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", tmp_path / "out", *RUN,
+                     "--max-steps", "1", "--amp", "fp16", "--width", "8", "--modes", "4")
+    require_run(result, "--amp fp16 --max-steps 1", f"add --amp with autocast {task('09', 1)}")
+    low = sorted({str(dtype).removeprefix("torch.") for dtype in handed} - {"float32"})
+    require(handed and not low, f"under --amp fp16 the FFTs were handed "
+            f"{' and '.join(low) or 'nothing'} (allowed: float32 alone): register a forward "
+            f"pre-hook on every model.fno.fno_blocks.convs that casts the input to float32 "
+            f"{task('09', 2)}")
+
+
+# GradScaler's state, its scale and the steps since it last grew it, goes with the checkpoint: a
+# resumed fp16 run goes on with the scale it had. The 5 --amp fp16 steps of
+# test_mixed_precision_tracks_float32 (the same run), then their checkpoint with the scale set to
+# 1000 resumed for 2 steps: 1000 is no power of 2, so a scale loaded from it stays 1000 x 2^k
+# (halved on an overflow), and torch's 65536 never is.
+@pytest.mark.slow
+def test_the_grad_scaler_steps_and_resumes(script, script_module, tiny_data_dir, finished_run,
+                                           tmp_path):
+    _, out, _ = run_once(finished_run, script, tiny_data_dir, *STEPS, "--amp", "fp16")
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    scaler = state.get("scaler") or {}
+    require("scale" in scaler, "the checkpoint of an --amp fp16 run holds no GradScaler state "
+            "(a disabled scaler's is empty): create it enabled for fp16 and save "
+            f"scaler.state_dict() with the checkpoint {task('09', 1)}")
+    require(scaler.get("_growth_tracker", 0) > 0 or scaler["scale"] != 2.0 ** 16,
+            "after 5 --amp fp16 steps the checkpoint's GradScaler is as created (scale 65536, no "
+            "step counted): scaler.scale(loss).backward(), scaler.step(optimizer), "
+            f"scaler.update() {task('09', 1)}")
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    torch.save({**state, "scaler": {**scaler, "scale": 1000.0}}, resumed / "checkpoint.pt")
+    result = exit_of(script_module, "--data-dir", tiny_data_dir, "--out", resumed, *RUN, "--amp",
+                     "fp16", "--resume", "--epochs", "2", "--max-steps", "7")
+    require_run(result, "--amp fp16 --resume", f"load the GradScaler's state with the rest "
+                f"{task('09', 1)}")
+    scale = (torch.load(resumed / "checkpoint.pt", weights_only=True).get("scaler") or {}).get(
+        "scale")
+    require(scale and math.log2(scale / 1000).is_integer(), f"the resumed --amp fp16 run's "
+            f"GradScaler scale is {scale} (allowed: the checkpoint's 1000, or halved from it on an "
+            f"overflow): on --resume, scaler.load_state_dict(state['scaler']) {task('09', 1)}")
 
 # -- bf16 on a CPU: only with bf16 units (else emulated, slower than float32) ----------------------
 

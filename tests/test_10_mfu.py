@@ -5,6 +5,7 @@
 The first part checks wellfno/flops.py against FLOPs counted by hand; the second runs the script
 on the tiny generated data and checks metrics.json's figures against wellfno.flops.
 """
+import json
 import math
 
 import pytest
@@ -163,25 +164,38 @@ def test_mfu_uses_the_peak_of_the_arithmetic_in_use():
 STEP = "10_mfu"  # the cross-step matrix (tests/conftest.py) supplies `script`
 
 
-@pytest.mark.slow
-def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, finished_run):
-    metrics = run_once(finished_run, script, tiny_data_dir, "--max-steps", "2", "--width", "8",
-                       "--modes", "4", "--layers", "2")[0]
-    # The script's count is the one wellfno.flops gives for the same model and input size.
+def hand_count(layers: int) -> float:
+    """wellfno.flops's FLOPs per training sample of the tiny data's model (width 8, modes 4)."""
     from wellfno.model import NextFrameFNO
 
     ones = torch.ones(2)
     model = NextFrameFNO(2, 1, dict(mean=0 * ones, std=ones, mean_delta=0 * ones, std_delta=ones),
-                         modes=4, width=8, layers=2)
+                         modes=4, width=8, layers=layers)
     x = torch.zeros(8, 2, 16, 16)
-    counted = flops.training_flops_per_sample(model, x, x, model.loss)["per_sample"]
+    return flops.training_flops_per_sample(model, x, x, model.loss)["per_sample"]
+
+
+# --amp fp16 (which every CPU autocasts): MFU is against the peak of the precision in use, fp16's,
+# whose name utilization writes as peak_precision (on most CPUs fp16's number is fp32's).
+@pytest.mark.slow
+def test_metrics_say_how_far_from_the_peak(script, tiny_data_dir, finished_run):
+    metrics = run_once(finished_run, script, tiny_data_dir, "--max-steps", "2", "--width", "8",
+                       "--modes", "4", "--layers", "2", "--amp", "fp16")[0]
+    # The script's count is the one wellfno.flops gives for the same model and input size.
+    counted = hand_count(layers=2)
     got = {key: metrics.get(key) for key in ("flops_per_sample", "achieved_flops_per_s",
                                              "peak_flops_per_s", "mfu", "samples_per_second")}
     missing = [key for key, value in got.items() if not isinstance(value, (int, float))]
     require(not missing, f"metrics.json has no number {', '.join(missing)} {task('10', 1)}")
+    require(got["flops_per_sample"] != hand_count(layers=4), "--layers 2 trained the default "
+            f"4-layer model: pass layers=args.layers to NextFrameFNO.for_dataset {task('10', 3)}")
     require(got["flops_per_sample"] == counted, f"metrics.json's flops_per_sample is "
             f"{got['flops_per_sample']:.4g} (allowed: {counted:.4g}, training_flops_per_sample of "
-            f"a zero batch of the training shape) {task('10', 1)}")
+            f"a zero batch of the training shape: one forward and backward pass, "
+            f"loss_fn(model(x), y).backward() under FlopCounterMode) {task('10', 1)}")
+    require(metrics.get("peak_precision") == "fp16", f"with --amp fp16 the MFU is against the "
+            f"{metrics.get('peak_precision')} peak (allowed: fp16's, the precision in use): pass "
+            f"args.amp to flops.utilization {task('10', 1)}")
     achieved = got["flops_per_sample"] * got["samples_per_second"]
     require(got["achieved_flops_per_s"] == pytest.approx(achieved),
             f"achieved_flops_per_s is {got['achieved_flops_per_s']:.4g} (allowed: "
@@ -279,8 +293,9 @@ def test_profile_table_key_from_traces(script_module, tiny_data_dir, tmp_path, m
 
 
 @pytest.mark.slow
-def test_memory_line_from_rank_0_only(script, tiny_data_dir, tmp_path):
-    """The job speaks with one voice: rank 0 prints the memory estimate, as in solution 05."""
+def test_two_ranks_one_memory_line_and_both_devices_peak(script, tiny_data_dir, tmp_path):
+    """The job speaks with one voice: rank 0 prints the memory estimate, as in solution 05. Its
+    samples/s are the job's, so MFU is against the peak of both ranks' devices."""
     from tests.ddp_helpers import SMALL, assert_ok, launch
 
     results = launch(
@@ -302,5 +317,11 @@ def test_memory_line_from_rank_0_only(script, tiny_data_dir, tmp_path):
     said = [out.count("a training step needs about") for _, out, _ in results]
     require(said == [1, 0], f"ranks 0 and 1 printed the memory line {said[0]} and {said[1]} times "
             f"(allowed: 1 and 0): the job speaks with rank 0's voice {task('05', 4)}")
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    one, job = metrics.get("peak_flops_per_device"), metrics.get("peak_flops_per_s")
+    if one:  # else no peak (a CPU without a readable clock), or not utilization's entries
+        require(job == pytest.approx(2 * one), f"with 2 ranks peak_flops_per_s is "
+                f"{(job or 0) / one:.3g} x one device's (allowed: 2 x, as the job's samples/s are "
+                f"both ranks'): flops.utilization(..., devices=env.world_size) {task('10', 1)}")
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +56,9 @@ CASES = [
 ]
 # Mistakes planted in a copy of the exercise's solution (in a folder of its own, beside copies of
 # the files it imports from its folder; for 04 the finished starter): (name, check file, the
-# solution, [(a text of it, the mistake in its place)], exercise, -k of the checks that must catch
-# it, the tasks a sentence may name, a word it must say). `-k 05-` runs one exercise's.
+# solution, [(a text of it, the mistake in its place), or (a file beside it, its text, the
+# mistake)], exercise, -k of the checks that must catch it, the tasks a sentence may name, a word
+# it must say). `-k 05-` runs one exercise's.
 SOLUTION_14 = "solutions/14_long_rollouts/fno.py"
 PER_RANK_NOISE = '''
 
@@ -83,6 +83,10 @@ SOLUTION_03 = "solutions/03_affinity/fno.py"
 SOLUTION_06 = "solutions/06_exact_metrics/fno.py"
 SOLUTION_07 = "solutions/07_failures/fno.py"
 SOLUTION_08 = "solutions/08_host_syncs/fno.py"
+SOLUTION_09 = "solutions/09_mixed_precision/fno.py"
+SOLUTION_10 = "solutions/10_mfu/fno.py"
+# the checks of exercise 09 that compare fp16 with float32 (fp16: every CPU autocasts it in-process)
+FP16_09 = "tracks_float32 and fp16"
 # Exercise 04's participant finishes the starter (tests/test_stats_distributed.py's ANSWERS); a
 # mistake there is one answer written wrong, the others right.
 STARTER_04 = "exercises/04_distributed_stats/stats_parallel.py"
@@ -242,6 +246,57 @@ PLANTED = [
     ("08-logs-the-first-step", "tests/test_08_host_syncs.py", SOLUTION_08,
      [("        if steps % log_every == 0:", "        if (steps - 1) % log_every == 0:")],
      "08", "log_every_changes", {1}, "loss_log"),
+    # --- exercise 09: mixed precision
+    # autocast around the backward pass, not the forward: the forward runs in float32
+    ("09-autocast-around-backward", "tests/test_09_mixed_precision.py", SOLUTION_09,
+     [('        with record_function("forward"), autocast():\n',
+       '        with record_function("forward"):\n'),
+      ('        with record_function("backward"):\n',
+       '        with record_function("backward"), autocast():\n')], "09", FP16_09, {1},
+     "autocast"),
+    # the float32 pre-hooks never registered: a GPU's FFTs get bf16 (a CPU's autocast hides it)
+    ("09-no-float32-hook", "tests/test_09_mixed_precision.py", SOLUTION_09,
+     [("    spectral_convs_in_float32(model.fno)\n", "")], "09", "ffts_get_float32", {2},
+     "float32"),
+    # ... registered on the skip connections beside the spectral convolutions
+    ("09-hook-on-the-skips", "tests/test_09_mixed_precision.py", SOLUTION_09,
+     [("    for conv in fno.fno_blocks.convs:", "    for conv in fno.fno_blocks.fno_skips:")],
+     "09", "ffts_get_float32", {2}, "float32"),
+    # fp16 without GradScaler: loss.backward() and optimizer.step() as in float32
+    ("09-scaler-unused", "tests/test_09_mixed_precision.py", SOLUTION_09,
+     [("            scaler.scale(loss).backward()", "            loss.backward()"),
+      ("            scaler.step(optimizer)  # optimizer.step(); fp16: unscale first, skip on "
+       "inf/NaN\n            scaler.update()\n", "            optimizer.step()\n")], "09",
+     "grad_scaler", {1}, "GradScaler"),
+    # the GradScaler's state not saved with the checkpoint
+    ("09-scaler-not-saved", "tests/test_09_mixed_precision.py", SOLUTION_09,
+     [("world_size=env.world_size,\n                                               "
+       "scaler=scaler.state_dict()))", "world_size=env.world_size))")], "09", "grad_scaler",
+     {1}, "GradScaler"),
+    # ... saved, but not loaded on --resume: the resumed run starts from torch's scale again
+    ("09-scaler-not-loaded", "tests/test_09_mixed_precision.py", SOLUTION_09,
+     [('            scaler.load_state_dict(state.get("scaler", {}))\n', "")], "09",
+     "grad_scaler", {1}, "GradScaler"),
+    # the peak memory measured but not written into metrics.json
+    ("09-no-peak-memory", "tests/test_09_mixed_precision.py", SOLUTION_09,
+     [("samples_per_second_excludes=excludes, **peak_memory,",
+       "samples_per_second_excludes=excludes,")], "09", "peak_memory", {4}, "peak_memory_bytes"),
+    # --- exercise 10: FLOPs and MFU
+    # the FLOPs of the forward pass alone, a third of a training step's (flop_count.py, task 1)
+    ("10-forward-only-count", "tests/test_10_mfu.py", SOLUTION_10,
+     [("flop_count.py", "    def step():\n        loss_fn(model(x), y).backward()\n",
+       "    def step():\n        loss_fn(model(x), y)\n")], "10", "how_far", {1}, "backward"),
+    # MFU always against the float32 peak, whatever --amp
+    ("10-fp32-peak-always", "tests/test_10_mfu.py", SOLUTION_10,
+     [("flops.device_peak(device), args.amp,", 'flops.device_peak(device), "none",')], "10",
+     "how_far", {1}, "fp16"),
+    # --layers parsed and checked, never given to the model
+    ("10-layers-not-passed", "tests/test_10_mfu.py", SOLUTION_10,
+     [("modes=args.modes, layers=args.layers)", "modes=args.modes)")], "10", "how_far", {3},
+     "--layers"),
+    # the job's samples/s against one device's peak: MFU N times too high on N ranks
+    ("10-peak-of-one-device", "tests/test_10_mfu.py", SOLUTION_10,
+     [("args.amp, devices=env.world_size)", "args.amp)")], "10", "two_ranks", {1}, "devices"),
     # --- exercise 12: activation checkpointing
     # --checkpoint-blocks parsed, named in the memory line and metrics.json, but never applied
     ("12-flag-does-nothing", "tests/test_12_checkpointing.py", SOLUTION_12,
@@ -331,20 +386,21 @@ def pytest_args(check, previous, chosen) -> list[str]:
 
 
 def planted(tmp, name, solution, mistakes) -> str:
-    """A copy of `solution` in `tmp` with `mistakes` in it (each text found once, or the
-    solution changed under the mistake: plant it again)."""
-    text = (REPO / solution).read_text()
-    for correct, wrong in mistakes:
-        assert text.count(correct) == 1, f"{name}: {correct!r} is not once in {solution}"
-        text = text.replace(correct, wrong)
-    folder = tmp / name  # beside the files the solution imports from its folder (03's binding.py)
+    """A copy of `solution` in `tmp` with `mistakes` in it: each (a text of it, the mistake in its
+    place), or (a file beside it, a text of that file, the mistake), as 10's flop_count.py; each
+    text found once, or the file changed under the mistake: plant it again."""
+    own = Path(solution).name
+    # beside the files the solution imports from its folder (03's binding.py, 10's flop_count.py)
+    texts = {sibling.name: sibling.read_text() for sibling in (REPO / solution).parent.glob("*.py")}
+    for mistake in mistakes:
+        file, correct, wrong = mistake if len(mistake) == 3 else (own, *mistake)
+        assert texts[file].count(correct) == 1, f"{name}: {correct!r} is not once in {file}"
+        texts[file] = texts[file].replace(correct, wrong)
+    folder = tmp / name
     folder.mkdir()
-    for sibling in (REPO / solution).parent.glob("*.py"):
-        if sibling.name != Path(solution).name:
-            shutil.copy(sibling, folder / sibling.name)
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    return str(path)
+    for file, text in texts.items():
+        (folder / (f"{name}.py" if file == own else file)).write_text(text)
+    return str(folder / f"{name}.py")
 
 
 @pytest.fixture(scope="module")
