@@ -21,17 +21,19 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
   `--seconds 1 --repeats 1`), which suit a participant's laptop too.
 - `<!-- ci: printed by the bash block above -->` just above an output fence: that fence is what
   the nearest bash block above it prints, compared by `mismatch`: lines of the machine (host=...,
-  torchrun's own log lines, torch.profiler's `USDT: ... profiler_start` lines, progress bars)
-  are dropped from both, speeds masked (samples/s, times in s and ms, available RAM, measured
-  peak MB, the GFLOP/s and MFU line; a line with a masked speed is compared with its spacing
-  made one blank, since a right-aligned column pads by the number's width), the tables of
-  times masked cell by cell (`TIMED_LINES`: in profiling/summarize.py's step table each part's
-  ms and share, not the step's number or its host syncs; in profiling/throughput.py's sweep the
-  samples/s, ratios and the winning setting, not the reader, workers, pin and prefetch of a
-  row, nor the sample count; its first line's CPU, cores, device and threads), and a line `[...]`
-  in the README stands for any number of printed lines. A README whose output was made on the
-  tiny set makes it in its block (`.venv/bin/python -m wellfno.grayscott --data-dir data_tiny
-  --size tiny`) and passes `--data-dir data_tiny`; data_tiny is deleted before each README runs.
+  torchrun's own log lines, torch.profiler's USDT notices, progress bars) are dropped from
+  both, speeds masked (samples/s, times in s and ms, process ids, available RAM, measured peak
+  MB, the GFLOP/s and MFU line; a line with a masked speed is compared with its spacing made one
+  blank, since a right-aligned column pads a number by its width), the profile summary's step
+  table masked cell by cell (profiling/summarize.py, `STEP_ROW`: each part's ms and share, not
+  the step's number, its host syncs or collectives), the loader sweep's too (`TIMED_LINES`: in
+  profiling/throughput.py's sweep the samples/s, ratios and the winning setting, not the reader,
+  workers, pin and prefetch of a row, nor the sample count; its first line's CPU, cores, device
+  and threads), and a line `[...]` in the README stands for any number of printed lines (such as
+  torch.profiler's own table, whose rows are in the order of their times). A README whose
+  output was made on the tiny set makes it in its block (`.venv/bin/python -m wellfno.grayscott
+  --data-dir data_tiny --size tiny`) and passes `--data-dir data_tiny`; data_tiny is deleted
+  before each README runs.
 - A block that fails (or a `fails` block that succeeds) fails the test with one line: the
   README, the block's line, its exit status and its last line of output.
 
@@ -122,28 +124,34 @@ MACHINE_LINE = re.compile(
     r"^host="                                    # the node's name, its cores and GPUs
     r"|^[WIE]\d{4} \d\d:\d\d:\d\d"               # torchrun's own log lines
     r"|^\*{10,}$|^Setting OMP_NUM_THREADS"        # torchrun's notice about OMP_NUM_THREADS
-    r"|^USDT:\d{4}-\d\d-\d\d .*\] profiler_(?:start|stop)$"  # kineto (torch.profiler) at a trace
     r"|^\S[^|]*:\s+\d+%\|"                        # a progress bar (tqdm), at any point of it
+    r"|^USDT:"                                    # the profiler's (kineto's) start and stop notices
 )
 # numbers that depend on the machine's speed or size: masked to `#` on both sides
 SPEED = [
     (re.compile(r"\d[\d.,]*(?= samples/s)"), "#"),
     (re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms)\b"), "# s"),
     (re.compile(r"(available RAM: )[\d.]+ GB"), r"\1# GB"),
+    (re.compile(r"\(pid: \d+\)"), "(pid: #)"),  # a process id, in torchrun's report of a failed rank
     (re.compile(r"\d[\d.,]* ?(?:MB|MiB|GB|GiB)(?=.*\bpeak\b)|(?<=peak)[^\d\n]*\d[\d.,]*"
                 r"(?= ?(?:MB|MiB|GB|GiB))"), "#"),
 ]
 GFLOP_LINE = re.compile(r"^\S+ GFLOP/s achieved; MFU \S+ of .*$")
+# a row of the profile summary's step table (profiling/summarize.py, format_steps): `#7`, then
+# milliseconds (one decimal), the host syncs per step (and, when the run communicates,
+# collectives, their ms and overlap %); or its `share` row, all percentages
+STEP_ROW = re.compile(r"^ *(?:#\d+|share)(?: +(?:\d+(?:\.\d+)?%?|-))+$")
+STEP_ROW_SPEED = re.compile(r"\d+(?:\.\d+)?%|\d+\.\d+")  # ms and shares; counts stay
+
+
+def step_row(line: str) -> str:
+    """A step-table row with its times and shares masked and its columns' padding (which follows
+    the times' widths) collapsed: the step number and the syncs (and collectives) per step stay."""
+    return " ".join(STEP_ROW_SPEED.sub("#", line).split())
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")  # not the 5 of h5py
-# Lines of the profilers' and the loader sweep's tables, whose every number is a time, a speed or
+# Lines of the loader sweep's tables, whose every number is a time, a speed or
 # a ratio of two: those numbers become `#`, spacing one blank; what names the row is compared.
 TIMED_LINES = [
-    # profiling/summarize.py, a step: `    #7    3851.9  ...  0.3     1`, its number and host syncs
-    (re.compile(r"^\s*(#\d+)((?:\s+\d+\.\d+)+)\s+(\d+)$"),
-     lambda m: f"{m[1]} {' '.join('#' for _ in m[2].split())} {m[3]}"),
-    # profiling/summarize.py, the parts' shares: ` share   10.4%   0.0% ...`
-    (re.compile(r"^\s*share((?:\s+\d+\.\d+%)+)$"),
-     lambda m: "share " + " ".join("#%" for _ in m[1].split())),
     # profiling/throughput.py, a loader setting: `well  2  off  2  1234  456  345  0.76`: its
     # reader, workers, pin and prefetch
     (re.compile(r"^(\w+)\s+(\d+)\s+(on|off)\s+(\d+|-)(?:\s+\d+){3}\s+\d+\.\d+$"),
@@ -163,6 +171,8 @@ def comparable(line: str) -> str | None:
         return None
     if GFLOP_LINE.match(line):  # the speed, and the machine's name and cores its peak is for
         return "# GFLOP/s achieved; MFU #% of (this machine)"
+    if STEP_ROW.match(line):
+        return step_row(line)
     for pattern, mask in TIMED_LINES:
         timed = pattern.match(line)
         if timed:
@@ -252,10 +262,30 @@ def test_the_comparison_masks_speeds_and_skips():
     assert "valid_loss 0.2437" in mismatch(readme, changed)
     assert mismatch(readme, printed.replace("about 24 MB", "about 25 MB")) is not None
     assert mismatch(readme + "Wrote runs/x/metrics.json\n", printed) is not None
+    assert mismatch("  exitcode  : 2 (pid: 31663)\n", "  exitcode  : 2 (pid: 7)\n") is None
+    assert mismatch("  exitcode  : 2 (pid: 31663)\n", "  exitcode  : 1 (pid: 31663)\n") is not None
+
+
+def test_the_comparison_masks_a_step_tables_times_not_its_syncs():
+    """The profile summary's step table (profiling/summarize.format_steps): other milliseconds
+    and shares, in columns as wide as they need, match; another count of host syncs does not."""
+    from profiling.summarize import format_steps
+
+    def table(ms: float, syncs: int) -> str:
+        parts = dict(data_wait=ms / 10, h2d_copy=0.0, forward=ms / 3, backward=ms / 2,
+                     optimizer=ms / 20)
+        rest = ms - sum(parts.values())
+        rows = [dict(step=step, total=ms, **parts, rest=rest, syncs=syncs, collectives=0,
+                     comm_ms=0.0) for step in (7, 8)]
+        return format_steps(rows) + "\n"
+
+    readme = table(12.3, 0)
+    assert mismatch(readme, table(1234.5, 0)) is None
+    assert "printed '#7 # # # # # # # 1'" in mismatch(readme, table(12.3, 1))
 
 
 def test_the_comparison_masks_the_times_of_the_profile_and_the_sweep():
-    """Unit check of `TIMED_LINES`: profiling/summarize.py's and profiling/throughput.py's lines
+    """Unit check of `STEP_ROW` and `TIMED_LINES`: profiling/summarize.py's and profiling/throughput.py's lines
     (as they print them) match whatever their times and speeds, not a changed step number, host
     sync count, operator, loader setting or sample count."""
     readme = ("Self CPU time total: 14.071s\n"
