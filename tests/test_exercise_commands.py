@@ -285,9 +285,9 @@ def test_the_comparison_masks_a_step_tables_times_not_its_syncs():
 
 
 def test_the_comparison_masks_the_times_of_the_profile_and_the_sweep():
-    """Unit check of `STEP_ROW` and `TIMED_LINES`: profiling/summarize.py's and profiling/throughput.py's lines
-    (as they print them) match whatever their times and speeds, not a changed step number, host
-    sync count, operator, loader setting or sample count."""
+    """Unit check of `STEP_ROW` and `TIMED_LINES`: profiling/summarize.py's and
+    profiling/throughput.py's lines (as they print them) match whatever their times and speeds,
+    not a changed step number, host sync count, operator, loader setting or sample count."""
     readme = ("Self CPU time total: 14.071s\n"
               "  step  total ms  data_wait   h2d_copy    forward   backward  optimizer       rest syncs/step\n"
               "    #7    3851.9      353.5        0.2     1661.9     1816.5       19.5        0.3          1\n"
