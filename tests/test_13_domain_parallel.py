@@ -59,6 +59,15 @@ def run(script_module, script, world, *args):
     return launch(script, world, *args)
 
 
+def adam_moments(checkpoint) -> dict:
+    """Adam's first moments in a checkpoint (after one step: (1 - beta1) x the gradient), by
+    parameter: the gradients' scale, which the parameters after a first step hide (Adam's step
+    is lr x m / sqrt(v), the same for the gradient times any factor)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["optimizer"]["state"]
+    return {str(index): moments["exp_avg"] for index, moments in state.items()
+            if "exp_avg" in moments}
+
+
 def metrics(out):
     return json.loads((out / "metrics.json").read_text())
 
@@ -124,6 +133,11 @@ def test_a_domain_group_of_2_trains_as_one_rank(script, tiny_data_dir, one_rank,
     )
     require_close("after one step on a domain group of 2 the parameters are", worst,
                   f"sum the loss shares over the group and register the DDP hook {task('13', 4)}")
+    require_close("after one step on a domain group of 2 Adam's first moments (the gradients) are",
+                  max_relative_difference(adam_moments(tmp_path / "checkpoint.pt"),
+                                          adam_moments(one_rank / "checkpoint.pt")),
+                  "sum the loss shares over the group (each rank's share of the sample's mean, "
+                  f"not its slab's) and register the DDP hook (DDP alone averages) {task('13', 4)}")
     got, ref = metrics(tmp_path), metrics(one_rank)
     require_close(
         "a domain group of 2's train and valid loss",
@@ -170,6 +184,10 @@ def test_2_data_x_2_domain_ranks_equal_one_rank_with_twice_the_batch(
         parameters(tmp_path / "checkpoint.pt"), parameters(one_rank / "checkpoint.pt")
     )
     require_close("after one step on 2 data x 2 domain ranks the parameters are", worst,
+                  f"the DDP hook divides the sum by the number of data groups {task('13', 4)}")
+    require_close("after one step on 2 data x 2 domain ranks Adam's first moments (the gradients) "
+                  "are", max_relative_difference(adam_moments(tmp_path / "checkpoint.pt"),
+                                                 adam_moments(one_rank / "checkpoint.pt")),
                   f"the DDP hook divides the sum by the number of data groups {task('13', 4)}")
     require_close(
         "2 data x 2 domain ranks' train loss",

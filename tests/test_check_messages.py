@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +69,20 @@ class {name}(unrolled.RolloutLoss):  # the mistake: each rank draws noise for it
         return torch.cat([frames + self.noise * torch.randn_like(frames),
                           x[:, self.frame_channels:]], dim=1)
 '''
+SOLUTION_11 = "solutions/11_compile/fno.py"
+COMPILE_11 = ("    train_model = torch.compile(ddp_model) if args.compile else ddp_model  # compiles at "
+              "first call")
+SOLUTION_13 = "solutions/13_domain_parallel/fno.py"
+# the VRMSE of each rank's slab (step 06's, on the rows it holds), not of the whole frame
+SLAB_VRMSE = """
+
+
+def slab_vrmse(inputs, true, pred, slab):  # the mistake: the slab's own VRMSE
+    return rollout.step_vrmse(inputs, true, pred)
+
+
+domain.slab_step_vrmse = slab_vrmse
+"""
 SOLUTION_12 = "solutions/12_checkpointing/fno.py"
 CHECKPOINT_12 = "checkpoint(block_forward, x, index, output_shape, use_reentrant=False)"
 SOLUTION_05 = "solutions/05_ddp/fno.py"
@@ -242,6 +255,30 @@ PLANTED = [
     ("08-logs-the-first-step", "tests/test_08_host_syncs.py", SOLUTION_08,
      [("        if steps % log_every == 0:", "        if (steps - 1) % log_every == 0:")],
      "08", "log_every_changes", {1}, "loss_log"),
+    # --- exercise 11: torch.compile (its quick check: torch.compile's stand-in, no compiling)
+    # --compile parsed, printed, timed, but the model trained uncompiled
+    ("11-not-compiled", "tests/test_11_compile.py", SOLUTION_11,
+     [(COMPILE_11, "    train_model = ddp_model")], "11", "compiled_model", {1}, "torch.compile"),
+    # the model compiled in place: validated, rolled out and saved compiled (`_orig_mod.` keys)
+    ("11-compiled-in-place", "tests/test_11_compile.py", SOLUTION_11,
+     [("    model = model.to(device)\n", "    model = model.to(device)\n    if args.compile:\n"
+       "        model = torch.compile(model)\n"), (COMPILE_11, "    train_model = ddp_model")],
+     "11", "compiled_model", {1}, "_orig_mod."),
+    # validation with the compiled model
+    ("11-validates-compiled", "tests/test_11_compile.py", SOLUTION_11,
+     [("validate(model, valid_loader, device), left_out",
+       "validate(train_model, valid_loader, device), left_out")], "11", "compiled_model", {1},
+     "eval mode"),
+    # the short last batch kept: a new batch shape, compiled again
+    ("11-short-batch-kept", "tests/test_11_compile.py", SOLUTION_11,
+     [("drop_last=args.compile, ", "")], "11", "compiled_model", {1}, "drop_last"),
+    # compile_seconds timed around the torch.compile call, which compiles nothing yet (microseconds)
+    ("11-times-the-compile-call", "tests/test_11_compile.py", SOLUTION_11,
+     [(COMPILE_11, "    compiling = time.perf_counter()\n" + COMPILE_11.split("  #")[0]
+       + "\n    compile_time = time.perf_counter() - compiling"),
+      ('compile_seconds=history[0]["untimed_seconds"] if args.compile and first_epoch == 1\n'
+       "        else None,", "compile_seconds=compile_time if args.compile else None,")], "11",
+     "compiled_model", {1}, "first step"),
     # --- exercise 12: activation checkpointing
     # --checkpoint-blocks parsed, named in the memory line and metrics.json, but never applied
     ("12-flag-does-nothing", "tests/test_12_checkpointing.py", SOLUTION_12,
@@ -265,6 +302,31 @@ PLANTED = [
     ("12-use-reentrant-left-out", "tests/test_12_checkpointing.py", SOLUTION_12,
      [(CHECKPOINT_12, CHECKPOINT_12.replace(", use_reentrant=False", ""))], "12", CHECKS_12, {1},
      "use_reentrant"),
+    # --- exercise 13: domain parallelism
+    # no DDP comm hook: DDP averages the loss shares' gradients over the group instead of summing
+    # them (half the sample's gradient on 2 ranks, which Adam's first step hides in the parameters)
+    ("13-no-comm-hook", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("        ddp_model.register_comm_hook(None, domain.domain_comm_hook(layout.data_size))\n",
+       "")], "13", "domain_group_of_2", {4}, "DDP hook"),
+    # each rank's loss its slab's mean, not its share of the sample's: twice the gradient on 2
+    ("13-loss-per-slab", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("loss_fn = domain.sample_loss(model.loss, slab)", "loss_fn = model.loss")], "13",
+     "domain_group_of_2", {4}, "loss shares"),
+    # the rollout VRMSE of each rank's slab, averaged over the group: not the whole frame's
+    ("13-vrmse-per-slab", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("import domain_conv  # exercise 13's tasks 2 and 3 (DomainSpectralConv, split_model): "
+       "beside this\n", "import domain_conv\n" + SLAB_VRMSE)], "13", "domain_group_of_2",
+     {5}, "VRMSE"),
+    # in domain_conv.py: the first axis' kept modes indexed for the slab's rows, not the whole axis
+    # it holds after the exchange (one rank: the same; the course's convolution on 3 ranks)
+    ("13-modes-of-the-slab", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("domain_conv.py", "kept_indices(self.slab.n, modes[0], x.device)",
+       "kept_indices(x.shape[2], modes[0], x.device)")], "13", "on_2_and_3_ranks", {2},
+     "DomainSpectralConv"),
+    # in domain_conv.py: the exchanged slabs put together along the modes, not the rows
+    ("13-exchange-along-the-modes", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("domain_conv.py", "y = torch.cat(parts, dim=2)  # (B, C, n0, K_mine)",
+       "y = torch.cat(parts, dim=3)")], "13", "on_2_and_3_ranks", {2}, "DomainSpectralConv"),
     # a resumed run (on any world size) draws epoch 1's noise and N again in epoch 2
     ("14-no-set-epoch", "tests/test_14_long_rollouts.py", SOLUTION_14,
      [("        rollout_loss.set_epoch(epoch, len(train_loader))", "        pass")], "14",
@@ -332,19 +394,23 @@ def pytest_args(check, previous, chosen) -> list[str]:
 
 def planted(tmp, name, solution, mistakes) -> str:
     """A copy of `solution` in `tmp` with `mistakes` in it (each text found once, or the
-    solution changed under the mistake: plant it again)."""
-    text = (REPO / solution).read_text()
-    for correct, wrong in mistakes:
-        assert text.count(correct) == 1, f"{name}: {correct!r} is not once in {solution}"
-        text = text.replace(correct, wrong)
-    folder = tmp / name  # beside the files the solution imports from its folder (03's binding.py)
-    folder.mkdir()
+    solution changed under the mistake: plant it again). A mistake (correct, wrong) is in the
+    solution; (file, correct, wrong) in the file of that name beside it (13's domain_conv.py)."""
+    solution = Path(solution)
+    # beside the files the solution imports from its folder (03's binding.py, 13's domain_conv.py)
+    texts = {solution.name: (REPO / solution).read_text()}
     for sibling in (REPO / solution).parent.glob("*.py"):
-        if sibling.name != Path(solution).name:
-            shutil.copy(sibling, folder / sibling.name)
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    return str(path)
+        texts.setdefault(sibling.name, sibling.read_text())
+    for mistake in mistakes:
+        file, correct, wrong = mistake if len(mistake) == 3 else (solution.name, *mistake)
+        where = solution.parent / file
+        assert texts[file].count(correct) == 1, f"{name}: {correct!r} is not once in {where}"
+        texts[file] = texts[file].replace(correct, wrong)
+    folder = tmp / name
+    folder.mkdir()
+    for file, text in texts.items():
+        (folder / (f"{name}.py" if file == solution.name else file)).write_text(text)
+    return str(folder / f"{name}.py")
 
 
 @pytest.fixture(scope="module")
