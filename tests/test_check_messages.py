@@ -70,8 +70,8 @@ class {name}(unrolled.RolloutLoss):  # the mistake: each rank draws noise for it
                           x[:, self.frame_channels:]], dim=1)
 '''
 SOLUTION_11 = "solutions/11_compile/fno.py"
-COMPILE_11 = ("    train_model = torch.compile(ddp_model) if args.compile else ddp_model  # compiles at "
-              "first call")
+COMPILE_11 = ("    train_model = torch.compile(ddp_model) if args.compile else ddp_model  "
+              "# compiles at first call")
 SOLUTION_13 = "solutions/13_domain_parallel/fno.py"
 # the VRMSE of each rank's slab (step 06's, on the rows it holds), not of the whole frame
 SLAB_VRMSE = """
