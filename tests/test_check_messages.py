@@ -323,10 +323,6 @@ PLANTED = [
      [("domain_conv.py", "kept_indices(self.slab.n, modes[0], x.device)",
        "kept_indices(x.shape[2], modes[0], x.device)")], "13", "on_2_and_3_ranks", {2},
      "DomainSpectralConv"),
-    # in domain_conv.py: the exchanged slabs put together along the modes, not the rows
-    ("13-exchange-along-the-modes", "tests/test_13_domain_parallel.py", SOLUTION_13,
-     [("domain_conv.py", "y = torch.cat(parts, dim=2)  # (B, C, n0, K_mine)",
-       "y = torch.cat(parts, dim=3)")], "13", "on_2_and_3_ranks", {2}, "DomainSpectralConv"),
     # a resumed run (on any world size) draws epoch 1's noise and N again in epoch 2
     ("14-no-set-epoch", "tests/test_14_long_rollouts.py", SOLUTION_14,
      [("        rollout_loss.set_epoch(epoch, len(train_loader))", "        pass")], "14",
