@@ -6,12 +6,13 @@ Runs the script on the tiny generated data, compiled and eager (float32 is the r
 checks the ladder benchmark's rows, each against the step it builds on.
 """
 import json
+import time
 
 import pytest
 import torch
 
 from tests.checks import require, require_refused, task
-from tests.conftest import REPO, exit_of, run_script
+from tests.conftest import REPO, call_main, exit_of, run_script
 from tests.train_helpers import RUN, per_step_losses, run_once, train
 from wellfno import flops
 
@@ -33,6 +34,96 @@ def test_compile_tracks_float32(script, tiny_data_dir, finished_run, tmp_path):
             f"one {task('11', 1)}")
     require(compiled.get("compile_seconds", 0) > 0, "metrics.json has no compile_seconds > 0: "
             f"record the first (compiling) step apart {task('11', 1)}")
+
+
+# A stand-in for torch.compile: what it returns (an OptimizedModule: the module under `_orig_mod`,
+# its attributes passed through, its state_dict's keys prefixed `_orig_mod.`), without compiling,
+# which takes minutes on a CPU. Its first call waits COMPILE_SECONDS, as compiling does.
+COMPILE_SECONDS = 1.0
+
+
+class StandInCompiled(torch.nn.Module):
+    def __init__(self, module, calls):
+        super().__init__()
+        self._orig_mod = module
+        self.calls = calls
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._orig_mod, name)
+
+    def forward(self, *args, **kwargs):
+        note_call(self.calls, self._orig_mod, args)
+        return self._orig_mod(*args, **kwargs)
+
+
+def note_call(calls, module, args):
+    """The first call waits as compiling would; each call's mode (the eager module's: training or
+    not) and input shape is noted."""
+    if not calls:
+        time.sleep(COMPILE_SECONDS)
+    calls.append((getattr(module, "training", True), tuple(args[0].shape) if args else ()))
+
+
+def stand_in_compile(calls):
+    def compile(model, *args, **kwargs):
+        if isinstance(model, torch.nn.Module):
+            return StandInCompiled(model, calls)
+        owner = getattr(model, "__self__", None)  # nn.Module.compile() compiles its _call_impl
+
+        def compiled(*a, **k):
+            note_call(calls, owner, a)
+            return model(*a, **k)
+        return compiled
+    return compile
+
+
+def test_compile_trains_the_compiled_model_and_keeps_the_eager_one(script_module, tiny_data_dir,
+                                                                    tmp_path, monkeypatch):
+    """--compile with torch.compile replaced by a stand-in (no compiling: a wait at its first
+    call): the model it returns trains, every step on one batch shape (a new shape compiles
+    again); validation, rollouts and the checkpoint keep the eager model (a compiled module's
+    state_dict keys start with `_orig_mod.`, which the model without --compile does not load);
+    compile_seconds is the first step's time (torch.compile compiles at the first call, not where
+    it is called). One epoch of the tiny data's 44 samples in batches of 16: a short last one."""
+    from wellfno.cli import UserError
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", stand_in_compile(calls))
+    if hasattr(script_module, "check_compiler"):  # no compiler needed: nothing compiles
+        monkeypatch.setattr(script_module, "check_compiler", lambda *a, **k: None)
+    out, stopped = tmp_path / "out", None
+    try:
+        call_main(script_module, "--data-dir", tiny_data_dir, "--out", out, "--epochs", "1",
+                  "--batch-size", "16", "--bind", "none", "--width", "8", "--modes", "4",
+                  "--compile")
+    except UserError as err:
+        stopped = str(err)
+    fix = task("11", 1)
+    require(stopped is None, f"a run with --compile stopped: error: {stopped} {fix}")
+    trained = [shape for training, shape in calls if training]
+    require(trained, f"--compile: the model torch.compile returned never trained "
+            f"({len(calls)} call(s)): train with train_model = torch.compile(ddp_model) {fix}")
+    evaluated = len(calls) - len(trained)
+    saved = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+    prefixed = [key for key in saved if key.startswith("_orig_mod.")]
+    require(not prefixed, f"--compile: {len(prefixed)} of checkpoint.pt's {len(saved)} keys start "
+            f"with _orig_mod. (the compiled wrapper's state_dict), which the model without "
+            f"--compile does not load: save the eager model's {fix}")
+    require(not evaluated, f"--compile: the compiled model ran {evaluated} time(s) in eval mode: "
+            f"validation and rollouts keep the eager model {fix}")
+    require(len(set(trained)) == 1, f"--compile: the compiled model trained on "
+            f"{len(set(trained))} batch shapes (allowed: 1, each new one compiles again): drop "
+            f"the short last batch (drop_last) {fix}")
+    written = json.loads((out / "metrics.json").read_text())
+    compiling, epoch = written.get("compile_seconds") or 0, written["history"][0]["seconds"]
+    require(COMPILE_SECONDS <= compiling < epoch, f"--compile: metrics.json's compile_seconds is "
+            f"{compiling:.2f} s of the epoch's {epoch:.2f} s; the first step compiles (here a "
+            f"stand-in that waits {COMPILE_SECONDS:.0f} s), so it is at least that and less than "
+            f"the epoch: torch.compile compiles at the first call, not where it is called; record "
+            f"the first step's time apart (untimed_seconds) {fix}")
 
 
 def test_compile_without_a_compiler_is_one_line_error(script_module, tiny_data_dir, tmp_path,

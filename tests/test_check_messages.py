@@ -70,6 +70,20 @@ class {name}(unrolled.RolloutLoss):  # the mistake: each rank draws noise for it
         return torch.cat([frames + self.noise * torch.randn_like(frames),
                           x[:, self.frame_channels:]], dim=1)
 '''
+SOLUTION_11 = "solutions/11_compile/fno.py"
+COMPILE_11 = ("    train_model = torch.compile(ddp_model) if args.compile else ddp_model  "
+              "# compiles at first call")
+SOLUTION_13 = "solutions/13_domain_parallel/fno.py"
+# the VRMSE of each rank's slab (step 06's, on the rows it holds), not of the whole frame
+SLAB_VRMSE = """
+
+
+def slab_vrmse(inputs, true, pred, slab):  # the mistake: the slab's own VRMSE
+    return rollout.step_vrmse(inputs, true, pred)
+
+
+domain.slab_step_vrmse = slab_vrmse
+"""
 SOLUTION_12 = "solutions/12_checkpointing/fno.py"
 CHECKPOINT_12 = "checkpoint(block_forward, x, index, output_shape, use_reentrant=False)"
 SOLUTION_05 = "solutions/05_ddp/fno.py"
@@ -297,6 +311,30 @@ PLANTED = [
     # the job's samples/s against one device's peak: MFU N times too high on N ranks
     ("10-peak-of-one-device", "tests/test_10_mfu.py", SOLUTION_10,
      [("args.amp, devices=env.world_size)", "args.amp)")], "10", "two_ranks", {1}, "devices"),
+    # --- exercise 11: torch.compile (its quick check: torch.compile's stand-in, no compiling)
+    # --compile parsed, printed, timed, but the model trained uncompiled
+    ("11-not-compiled", "tests/test_11_compile.py", SOLUTION_11,
+     [(COMPILE_11, "    train_model = ddp_model")], "11", "compiled_model", {1}, "torch.compile"),
+    # the model compiled in place: validated, rolled out and saved compiled (`_orig_mod.` keys)
+    ("11-compiled-in-place", "tests/test_11_compile.py", SOLUTION_11,
+     [("    model = model.to(device)\n", "    model = model.to(device)\n    if args.compile:\n"
+       "        model = torch.compile(model)\n"), (COMPILE_11, "    train_model = ddp_model")],
+     "11", "compiled_model", {1}, "_orig_mod."),
+    # validation with the compiled model
+    ("11-validates-compiled", "tests/test_11_compile.py", SOLUTION_11,
+     [("validate(model, valid_loader, device), left_out",
+       "validate(train_model, valid_loader, device), left_out")], "11", "compiled_model", {1},
+     "eval mode"),
+    # the short last batch kept: a new batch shape, compiled again
+    ("11-short-batch-kept", "tests/test_11_compile.py", SOLUTION_11,
+     [("drop_last=args.compile, ", "")], "11", "compiled_model", {1}, "drop_last"),
+    # compile_seconds timed around the torch.compile call, which compiles nothing yet (microseconds)
+    ("11-times-the-compile-call", "tests/test_11_compile.py", SOLUTION_11,
+     [(COMPILE_11, "    compiling = time.perf_counter()\n" + COMPILE_11.split("  #")[0]
+       + "\n    compile_time = time.perf_counter() - compiling"),
+      ('compile_seconds=history[0]["untimed_seconds"] if args.compile and first_epoch == 1\n'
+       "        else None,", "compile_seconds=compile_time if args.compile else None,")], "11",
+     "compiled_model", {1}, "first step"),
     # --- exercise 12: activation checkpointing
     # --checkpoint-blocks parsed, named in the memory line and metrics.json, but never applied
     ("12-flag-does-nothing", "tests/test_12_checkpointing.py", SOLUTION_12,
@@ -320,6 +358,27 @@ PLANTED = [
     ("12-use-reentrant-left-out", "tests/test_12_checkpointing.py", SOLUTION_12,
      [(CHECKPOINT_12, CHECKPOINT_12.replace(", use_reentrant=False", ""))], "12", CHECKS_12, {1},
      "use_reentrant"),
+    # --- exercise 13: domain parallelism
+    # no DDP comm hook: DDP averages the loss shares' gradients over the group instead of summing
+    # them (half the sample's gradient on 2 ranks, which Adam's first step hides in the parameters)
+    ("13-no-comm-hook", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("        ddp_model.register_comm_hook(None, domain.domain_comm_hook(layout.data_size))\n",
+       "")], "13", "domain_group_of_2", {4}, "DDP hook"),
+    # each rank's loss its slab's mean, not its share of the sample's: twice the gradient on 2
+    ("13-loss-per-slab", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("loss_fn = domain.sample_loss(model.loss, slab)", "loss_fn = model.loss")], "13",
+     "domain_group_of_2", {4}, "loss shares"),
+    # the rollout VRMSE of each rank's slab, averaged over the group: not the whole frame's
+    ("13-vrmse-per-slab", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("import domain_conv  # exercise 13's tasks 2 and 3 (DomainSpectralConv, split_model): "
+       "beside this\n", "import domain_conv\n" + SLAB_VRMSE)], "13", "domain_group_of_2",
+     {5}, "VRMSE"),
+    # in domain_conv.py: the first axis' kept modes indexed for the slab's rows, not the whole axis
+    # it holds after the exchange (one rank: the same; the course's convolution on 3 ranks)
+    ("13-modes-of-the-slab", "tests/test_13_domain_parallel.py", SOLUTION_13,
+     [("domain_conv.py", "kept_indices(self.slab.n, modes[0], x.device)",
+       "kept_indices(x.shape[2], modes[0], x.device)")], "13", "on_2_and_3_ranks", {2},
+     "DomainSpectralConv"),
     # a resumed run (on any world size) draws epoch 1's noise and N again in epoch 2
     ("14-no-set-epoch", "tests/test_14_long_rollouts.py", SOLUTION_14,
      [("        rollout_loss.set_epoch(epoch, len(train_loader))", "        pass")], "14",
