@@ -5,6 +5,7 @@ import torch
 
 from wellfno.data import rollout_dataset, to_channels
 from torch.utils._python_dispatch import TorchDispatchMode
+import torch.utils._pytree as pytree
 
 from wellfno.domain import Slab, slab_step_vrmse
 from wellfno.rollout import (PAPER_WINDOWS, evaluate_rollouts, rollout, step_curve, step_vrmse,
@@ -107,7 +108,9 @@ def test_step_vrmse_matches_numpy(shape):
 
 
 class LargestNewTensor(TorchDispatchMode):
-    """The most elements of any tensor an op allocates (views share their base's memory)."""
+    """The most elements of any tensor an op allocates: an output whose storage is none of its
+    arguments' storages (a view shares its base's; `_base` does not tell, it is None below
+    autograd on torch 2.5)."""
 
     def __init__(self):
         super().__init__()
@@ -115,8 +118,10 @@ class LargestNewTensor(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and t._base is None:
+        inputs = pytree.tree_leaves((args, kwargs))
+        storages = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in storages:
                 self.most = max(self.most, t.numel())
         return out
 
