@@ -40,14 +40,14 @@ The convention, for each exercises/NN_name/README.md listed in EXERCISES below:
 Adding an exercise: one line in PARTICIPANT (the file its participant edits, and what a
 finished one is). The command test is `slow`: each block starts Python and imports torch, and
 torchrun blocks start one process per rank more. What the READMEs skip, each with its reason on
-the marker: GPU and Slurm commands, check-your-work (the suite runs it), torch.compile (a
-minute or two on a CPU; tests/test_11_compile.py compiles), and benchmarks of minutes.
+the marker: GPU and Slurm commands, check-your-work (the suite runs it), torch.compile (20 s
+to two minutes on a CPU; tests/test_11_compile.py compiles), and benchmarks of minutes.
 
 Also here, quick: each README's task times add up to its `## Tasks (N minutes)` and to its
 slot in INSTRUCTORS.md: the core track's row (slot and time of day) or the optional steps'
-table (the README's *Optional* tasks are outside the slot), for the exercises in TIMED (01-04;
-05-11 have no `## Tasks (N minutes)` heading yet). And every command of every block, skipped or
-not, starts the venv's python and torchrun and gives a training run its own `--out`.
+table (the README's *Optional* tasks are outside the slot), for the exercises in TIMED (every
+one). And every command of every block, skipped or not, starts the venv's python and torchrun and
+gives a training run its own `--out`.
 """
 from __future__ import annotations
 
