@@ -118,6 +118,37 @@ def test_a_user_error_is_one_write():
     assert result.stderr.splitlines() == [repr("error: what to do\n")]
 
 
+UNBUFFERED_PRINTS = textwrap.dedent("""
+    import io, sys
+    from wellfno import cli
+
+    class Recorder(io.RawIOBase):  # each write(2) of the stream, as its own line on the real stderr
+        def writable(self):
+            return True
+        def write(self, data):
+            sys.__stderr__.write(repr(bytes(data).decode()) + "\\n")
+            return len(data)
+
+    # what `python -u` (PYTHONUNBUFFERED=1) makes of stdout: write-through text over an unbuffered file
+    sys.stdout = io.TextIOWrapper(Recorder(), write_through=True)
+    def main():
+        print("host=n1 rank=0 local_rank=0", flush=True)  # as solutions 03-14 print their report
+        print("epoch 1/1  train_loss 1.1007")
+    cli.run_main(main)
+""")
+
+
+def test_under_python_u_every_printed_line_is_one_write():
+    """PYTHONUNBUFFERED=1 makes stdout write-through: print() writes the text and the newline
+    apart, so torchrun's ranks (one terminal, one log) ran their `host=` lines together
+    ("host=n1 ...host=n1 ...\\n\\n"). run_main makes each line one write, still a line at a time."""
+    result = subprocess.run([sys.executable, "-c", UNBUFFERED_PRINTS], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [repr("host=n1 rank=0 local_rank=0\n"),
+                                          repr("epoch 1/1  train_loss 1.1007\n")]
+
+
 RANKS_FAIL = textwrap.dedent("""
     import os, time
     from wellfno import cli

@@ -47,6 +47,7 @@ def run_main(main: Callable[[], Any]) -> NoReturn:
 
     A script that imported torch first has it checked against OLDEST_TORCH (not imported here:
     a tool without torch pays nothing)."""
+    whole_lines()
     try:
         if "torch" in sys.modules:
             check_torch(sys.modules["torch"].__version__)
@@ -61,6 +62,16 @@ def run_main(main: Callable[[], Any]) -> NoReturn:
         print("interrupted", file=sys.stderr)
         leave(130)
     leave(rc or 0)
+
+
+def whole_lines() -> None:
+    """Each printed line one write(2), also under PYTHONUNBUFFERED=1 or `python -u` (common in job
+    scripts), where stdout and stderr are write-through: print() then writes the text and the
+    newline apart, and ranks sharing a terminal or a log (torchrun's children do) run their
+    `host=` and log lines together. Line buffering keeps the output as live as -u asks."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "write_through", False):  # a TextIOWrapper made by -u; else as it was
+            stream.reconfigure(write_through=False, line_buffering=True)
 
 
 def leave(code: int) -> NoReturn:
