@@ -41,18 +41,23 @@ def rollout(model, inputs: torch.Tensor, n_steps: int, constant_fields: torch.Te
     return torch.cat(preds, dim=1)
 
 
+def step_errors(metric, inputs: torch.Tensor, true: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+    """`metric(pred, true)` of each step's frames of a trajectory (B, T, *spatial, F), for the model
+    and for persistence (the last input frame, the baseline to beat): (2, T, ...).
+
+    One step at a time: scoring a long rollout then needs a few frames more, not copies of the
+    whole trajectory (`memory.rollout_steps` counts on it)."""
+    last = inputs[:, -1]
+    return torch.stack([torch.stack([metric(pred[:, k], true[:, k]), metric(last, true[:, k])])
+                        for k in range(true.shape[1])], dim=1)
+
+
 def step_vrmse(inputs: torch.Tensor, true: torch.Tensor, pred: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean VRMSE over fields at each step (T,) of a trajectory (1, T, *spatial, F), for the model
-    and for persistence (the last input frame, the baseline to beat).
-
-    One step at a time, as `trajectory_errors`: scoring a long rollout then needs a few frames
-    more, not copies of the whole trajectory (`memory.rollout_steps` counts on it).
-    """
+    and for persistence (`step_errors`)."""
     n_spatial_dims = true.ndim - 3
-    last = inputs[:, -1]
-    steps = [torch.stack([vrmse(pred[:, k], true[:, k], n_spatial_dims),
-                          vrmse(last, true[:, k], n_spatial_dims)]) for k in range(true.shape[1])]
-    model_err, persist_err = torch.stack(steps, dim=1).mean(-1)[:, :, 0]  # (2, T, B, F) -> (2, T), B = 1
+    errors = step_errors(lambda p, t: vrmse(p, t, n_spatial_dims), inputs, true, pred)
+    model_err, persist_err = errors.mean(-1)[:, :, 0]  # (2, T, B, F) -> (2, T), B = 1
     return model_err, persist_err
 
 
@@ -167,18 +172,14 @@ def trajectory_errors(model, dataset, device) -> tuple[list[torch.Tensor], list[
         inputs, true, pred = _rollout_trajectory(model, dataset, i, device, None)
         n_spatial_dims = inputs.ndim - 3  # (1, T, *spatial, F)
         # The metric's sums in float64 (1024+ points per frame, 39+ steps), one step's frames at a
-        # time: float64 copies of the whole true, predicted and persistence trajectories (and
-        # their difference) were 5x the float32 true and predicted frames, which
-        # memory.rollout_steps sizes to fill half the free memory. A step's VRMSE reduces over
-        # that step's frame alone, so step by step it is the same number.
-        last = inputs[:, -1].double()  # persistence: the last input frame, at every step
-        model_steps, persistence_steps = [], []
-        for k in range(true.shape[1]):
-            frame = true[:, k].double()
-            model_steps.append(well_vrmse(pred[:, k].double(), frame, n_spatial_dims)[0])
-            persistence_steps.append(well_vrmse(last, frame, n_spatial_dims)[0])
-        model_errors.append(torch.stack(model_steps).cpu())  # (steps, F), one copy to the host
-        persistence_errors.append(torch.stack(persistence_steps).cpu())
+        # time (`step_errors`): float64 copies of the whole true, predicted and persistence
+        # trajectories (and their difference) were 5x the float32 true and predicted frames,
+        # which memory.rollout_steps sizes to fill half the free memory. A step's VRMSE reduces
+        # over that step's frame alone, so step by step it is the same number.
+        errors = step_errors(lambda p, t: well_vrmse(p.double(), t.double(), n_spatial_dims)[0],
+                             inputs, true, pred).cpu()  # (2, steps, F), one copy to the host
+        model_errors.append(errors[0])
+        persistence_errors.append(errors[1])
     return model_errors, persistence_errors
 
 
